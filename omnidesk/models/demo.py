@@ -1,0 +1,148 @@
+"""The built-in demo model: a tiny, seeded, random-weight Qwen2.5-Omni checkpoint.
+
+It makes the whole app run out of the box on a CPU.  Its weights are random,
+so its replies are noise: every place that uses it says so (DEMO_NOTICE).
+The files have exactly the layout of a real checkpoint (config.json,
+safetensors, spk_dict.pt with two voices, tokenizer files, preprocessor and
+generation configs) and are read by the same loader.  Its special token ids
+differ from the real model's, so an id written in code would break it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from .config import OmniConfig
+from .loading import OmniModel, weight_map
+from .tokenizer import SPECIAL_TOKENS, write_tokenizer_files
+
+DEMO_NOTICE = ("Demo model: tiny and untrained (random weights) - its replies are noise, not speech. "
+               "Get real weights with: omnidesk models download Qwen/Qwen2.5-Omni-3B")
+
+# Bump when the recipe changes: a demo made by an older recipe is rebuilt.
+RECIPE_VERSION = 1
+SEED = 20261202
+
+TOKENIZER_VOCAB = 1024
+FIRST_SPECIAL_ID = 900  # real model: 151643+
+CODEC_VOCAB = 1040  # real model: 8448 with specials at 8292-8296
+
+
+def demo_config() -> dict:
+    """config.json of the demo checkpoint (the hub file's layout)."""
+    ids = {name: FIRST_SPECIAL_ID + i for i, name in enumerate(SPECIAL_TOKENS)}
+    hidden = 128
+    text = dict(model_type="qwen2_5_omni_text", vocab_size=TOKENIZER_VOCAB, hidden_size=hidden, intermediate_size=344,
+                num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=32, hidden_act="silu",
+                rms_norm_eps=1e-6, max_position_embeddings=32768, rope_theta=1000000.0,
+                rope_scaling={"mrope_section": [4, 6, 6], "rope_type": "default", "type": "default"}, use_sliding_window=False,
+                tie_word_embeddings=False)
+    audio = dict(model_type="qwen2_5_omni_audio_encoder", num_mel_bins=128, d_model=64, encoder_layers=2,
+                 encoder_attention_heads=4, encoder_ffn_dim=128, max_source_positions=1500, n_window=100,
+                 output_dim=hidden, activation_function="gelu")
+    talker = dict(model_type="qwen2_5_omni_talker", vocab_size=CODEC_VOCAB, embedding_size=hidden, hidden_size=96,
+                  intermediate_size=256, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+                  head_dim=24, hidden_act="silu", rms_norm_eps=1e-6, max_position_embeddings=32768,
+                  rope_theta=1000000.0, rope_scaling={"mrope_section": [4, 4, 4], "rope_type": "default", "type": "default"},
+                  use_sliding_window=False,
+                  tts_codec_start_token_id=CODEC_VOCAB - 15, tts_codec_end_token_id=CODEC_VOCAB - 14,
+                  tts_codec_pad_token_id=CODEC_VOCAB - 16, tts_codec_mask_token_id=CODEC_VOCAB - 12,
+                  tts_text_start_token_id=ids["tts_text_bos"], tts_text_end_token_id=ids["tts_text_eod"],
+                  tts_text_pad_token_id=ids["tts_text_pad"], audio_token_index=ids["audio"],
+                  audio_start_token_id=ids["audio_bos"], audio_end_token_id=ids["audio_eos"],
+                  image_token_index=ids["image_pad"], video_token_index=ids["video_pad"],
+                  vision_start_token_id=ids["vision_bos"], vision_end_token_id=ids["vision_eos"])
+    return {
+        "architectures": ["Qwen2_5OmniModel"],
+        "model_type": "qwen2_5_omni",
+        "enable_audio_output": True,
+        "torch_dtype": "float32",
+        "thinker_config": dict(model_type="qwen2_5_omni_thinker", text_config=text, audio_config=audio,
+                               audio_token_index=ids["audio"], audio_start_token_id=ids["audio_bos"],
+                               audio_end_token_id=ids["audio_eos"], image_token_index=ids["image_pad"],
+                               video_token_index=ids["video_pad"], vision_start_token_id=ids["vision_bos"],
+                               vision_end_token_id=ids["vision_eos"], user_token_id=ids["im_start"],
+                               position_id_per_seconds=25, seconds_per_chunk=2, tie_word_embeddings=False),
+        "talker_config": talker,
+        "omnidesk_demo": {"recipe": RECIPE_VERSION, "seed": SEED, "notice": DEMO_NOTICE},
+    }
+
+
+PREPROCESSOR = {"feature_extractor_type": "WhisperFeatureExtractor", "feature_size": 128, "sampling_rate": 16000,
+                "hop_length": 160, "n_fft": 400, "chunk_length": 300, "n_samples": 4800000, "nb_max_frames": 30000,
+                "padding_side": "right", "padding_value": 0.0, "dither": 0.0, "return_attention_mask": True,
+                "processor_class": "Qwen2_5OmniProcessor"}
+
+
+def _init_weights(model: nn.Module, generator: torch.Generator) -> None:
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight") or "layer_norm.weight" in name or name.endswith("ln_post.weight"):
+                p.fill_(1.0)
+            elif name.endswith(".bias"):
+                p.zero_()
+            else:
+                p.normal_(0.0, 0.02, generator=generator)
+
+
+def default_demo_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "omnidesk" / f"demo-qwen2.5-omni-r{RECIPE_VERSION}"
+
+
+def make_demo(path: str | os.PathLike | None = None, force: bool = False) -> Path:
+    """Write the demo checkpoint (atomically) and return its directory; reuses a complete one."""
+    path = Path(path) if path else default_demo_dir()
+    if (path / "config.json").is_file() and not force:
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".demo-", dir=path.parent))
+    try:
+        _write_demo(tmp)
+        if path.exists():
+            shutil.rmtree(path)
+        tmp.rename(path)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return path
+
+
+def _write_demo(root: Path) -> None:
+    from safetensors.torch import save_file
+
+    raw = demo_config()
+    cfg = OmniConfig.from_dict(raw)
+    g = torch.Generator().manual_seed(SEED)
+    model = OmniModel(cfg)
+    _init_weights(model, g)
+    params = dict(model.named_parameters())
+    tensors = {}
+    for ckpt_name, target in weight_map(cfg, model).items():
+        t = params[target.param]
+        if target.rows is not None:
+            t = t[target.rows[0]:target.rows[1]]
+        tensors[ckpt_name] = t.detach().contiguous().clone()
+    save_file(tensors, str(root / "model.safetensors"), metadata={"format": "pt"})
+    (root / "config.json").write_text(json.dumps(raw, indent=2))
+    ids = write_tokenizer_files(root, vocab_size=TOKENIZER_VOCAB, first_special_id=FIRST_SPECIAL_ID)
+    thinker_eos = [ids["im_end"], ids["endoftext"]]
+    (root / "generation_config.json").write_text(json.dumps({"eos_token_id": thinker_eos, "pad_token_id":
+                                                             ids["endoftext"]}, indent=2))
+    (root / "preprocessor_config.json").write_text(json.dumps(PREPROCESSOR, indent=2))
+    voices = {}
+    for i, name in enumerate(("Chelsie", "Ethan")):
+        voices[name] = {"bos_token": ids[f"speaker_{i}"], "cond": torch.randn(192, generator=g),
+                        "ref_mel": torch.randn(150, 80, generator=g)}
+    torch.save(voices, root / "spk_dict.pt")
+
+
+def is_demo(config_raw: dict) -> bool:
+    return "omnidesk_demo" in config_raw

@@ -1,0 +1,401 @@
+"""Load a Qwen2.5-Omni checkpoint directory (or a repo id in the local HF cache).
+
+The checkpoint is read as users download it: config.json, (sharded)
+safetensors + index, spk_dict.pt, tokenizer files, preprocessor_config.json.
+Nothing touches the network.  Checkpoint names are mapped onto our modules by
+:func:`weight_map`; fused projections (q/k/v, gate/up) are filled row-slice by
+row-slice, so every checkpoint tensor has exactly one destination and every
+parameter of ours exactly one source.  Problems are reported by file and
+tensor name.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from .config import ConfigError, DecoderConfig, OmniConfig
+from .features import FeatureConfig
+from .talker import Talker
+from .thinker import Thinker
+from .tokenizer import Tokenizer
+
+
+class CheckpointError(ValueError):
+    """The checkpoint cannot be used; the message says which file / tensor and why."""
+
+
+# Checkpoint prefixes we recognise but do not load, with the reason (shown by `models verify`).
+UNUSED_PREFIXES = {
+    "thinker.visual.": "vision encoder (OmniDesk takes audio only)",
+}
+# Read by the vocoder (token2wav); kept as raw tensors until then.
+VOCODER_PREFIX = "token2wav."
+
+
+class OmniModel(nn.Module):
+    """Thinker + talker; parameter names are ``thinker.*`` / ``talker.*``."""
+
+    def __init__(self, cfg: OmniConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.thinker = Thinker(cfg.thinker)
+        self.talker = Talker(cfg.talker) if cfg.talker is not None else None
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where one checkpoint tensor goes: our parameter, and the rows it fills (fused weights)."""
+
+    param: str
+    shape: tuple[int, ...]
+    rows: tuple[int, int] | None = None
+
+
+def _decoder_map(ckpt: str, ours: str, cfg: DecoderConfig) -> dict[str, Target]:
+    h, d = cfg.hidden_size, cfg.head_dim
+    q, kv, inter = cfg.num_heads * d, cfg.num_kv_heads * d, cfg.intermediate_size
+    out: dict[str, Target] = {f"{ckpt}.norm.weight": Target(f"{ours}.norm.weight", (h,))}
+    for i in range(cfg.num_layers):
+        c, o = f"{ckpt}.layers.{i}", f"{ours}.layers.{i}"
+        qkv = f"{o}.self_attn.wqkv"
+        for name, (lo, hi) in {"q_proj": (0, q), "k_proj": (q, q + kv), "v_proj": (q + kv, q + 2 * kv)}.items():
+            out[f"{c}.self_attn.{name}.weight"] = Target(f"{qkv}.weight", (hi - lo, h), (lo, hi))
+            out[f"{c}.self_attn.{name}.bias"] = Target(f"{qkv}.bias", (hi - lo,), (lo, hi))
+        out[f"{c}.self_attn.o_proj.weight"] = Target(f"{o}.self_attn.o_proj.weight", (h, q))
+        out[f"{c}.mlp.gate_proj.weight"] = Target(f"{o}.mlp.w13.weight", (inter, h), (0, inter))
+        out[f"{c}.mlp.up_proj.weight"] = Target(f"{o}.mlp.w13.weight", (inter, h), (inter, 2 * inter))
+        out[f"{c}.mlp.down_proj.weight"] = Target(f"{o}.mlp.down_proj.weight", (h, inter))
+        out[f"{c}.input_layernorm.weight"] = Target(f"{o}.input_layernorm.weight", (h,))
+        out[f"{c}.post_attention_layernorm.weight"] = Target(f"{o}.post_attention_layernorm.weight", (h,))
+    return out
+
+
+def weight_map(cfg: OmniConfig, model: OmniModel | None = None) -> dict[str, Target]:
+    """Checkpoint tensor name -> destination, for every tensor we load."""
+    if model is None:
+        with torch.device("meta"):
+            model = OmniModel(cfg)
+    t = cfg.thinker.text
+    out: dict[str, Target] = {}
+    for name, p in model.thinker.audio_encoder.state_dict().items():
+        out[f"thinker.audio_tower.{name}"] = Target(f"thinker.audio_encoder.{name}", tuple(p.shape))
+    out["thinker.model.embed_tokens.weight"] = Target("thinker.embed_tokens.weight", (t.vocab_size, t.hidden_size))
+    out["thinker.lm_head.weight"] = Target("thinker.lm_head.weight", (t.vocab_size, t.hidden_size))
+    out.update(_decoder_map("thinker.model", "thinker.decoder", t))
+    if cfg.talker is not None:
+        k = cfg.talker.decoder
+        out["talker.model.embed_tokens.weight"] = Target("talker.embed_tokens.weight", (k.vocab_size, k.embedding_size))
+        out["talker.thinker_to_talker_proj.weight"] = Target("talker.thinker_to_talker_proj.weight",
+                                                            (k.hidden_size, k.embedding_size))
+        out["talker.thinker_to_talker_proj.bias"] = Target("talker.thinker_to_talker_proj.bias", (k.hidden_size,))
+        out["talker.codec_head.weight"] = Target("talker.codec_head.weight", (k.vocab_size, k.hidden_size))
+        out.update(_decoder_map("talker.model", "talker.decoder", k))
+    return out
+
+
+# ---------------------------------------------------------------- files
+
+def hf_hub_cache() -> Path:
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"])
+    if os.environ.get("HF_HOME"):
+        return Path(os.environ["HF_HOME"]) / "hub"
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "huggingface" / "hub"
+
+
+def resolve_checkpoint(model: str | os.PathLike) -> Path:
+    """A directory as given, or a repo id ("Qwen/Qwen2.5-Omni-3B") found in the local HF cache."""
+    path = Path(model).expanduser()
+    if path.is_dir():
+        return path
+    text = str(model)
+    if text.count("/") == 1 and not text.startswith((".", "/", "~")):
+        repo_dir = hf_hub_cache() / ("models--" + text.replace("/", "--"))
+        snapshots = repo_dir / "snapshots"
+        ref = repo_dir / "refs" / "main"
+        if ref.is_file():
+            snap = snapshots / ref.read_text().strip()
+            if snap.is_dir():
+                return snap
+        if snapshots.is_dir():
+            candidates = sorted((p for p in snapshots.iterdir() if (p / "config.json").exists()),
+                                key=lambda p: p.stat().st_mtime, reverse=True)
+            if candidates:
+                return candidates[0]
+        raise CheckpointError(f"'{text}' is not in the local Hugging Face cache ({hf_hub_cache()}); "
+                              f"download it first with: omnidesk models download {text}")
+    raise CheckpointError(f"checkpoint directory not found: {path}")
+
+
+def _require(root: Path, name: str) -> Path:
+    p = root / name
+    if not p.is_file():
+        raise CheckpointError(f"{root}: missing file {name}")
+    return p
+
+
+def read_safetensors_header(path: Path) -> dict[str, dict]:
+    """Tensor name -> {dtype, shape, data_offsets}, validating the header against the file size."""
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            raw = f.read(8)
+            if len(raw) < 8:
+                raise CheckpointError(f"{path}: not a safetensors file (too short, {size} bytes)")
+            (n,) = struct.unpack("<Q", raw)
+            if n > size - 8 or n > 100_000_000:
+                raise CheckpointError(f"{path}: corrupt safetensors header (length {n} > file size {size})")
+            header = json.loads(f.read(n))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{path}: corrupt safetensors header ({e})") from None
+    header.pop("__metadata__", None)
+    data_size = size - 8 - n
+    for name, info in header.items():
+        end = info["data_offsets"][1]
+        if end > data_size:
+            raise CheckpointError(f"{path}: truncated: tensor '{name}' ends at byte {end} of the data section "
+                                  f"but the file holds only {data_size} bytes")
+    return header
+
+
+def weight_files(root: Path) -> dict[str, Path]:
+    """Tensor name -> the safetensors file holding it (sharded via the index, or a single file)."""
+    index = root / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            weight_map_ = json.loads(index.read_text())["weight_map"]
+        except (json.JSONDecodeError, KeyError) as e:
+            raise CheckpointError(f"{index}: unreadable index ({e})") from None
+        files = {}
+        for name, shard in weight_map_.items():
+            files[name] = root / shard
+        for shard in sorted(set(files.values())):
+            if not shard.is_file():
+                raise CheckpointError(f"{root}: missing shard {shard.name} (listed in model.safetensors.index.json)")
+        return files
+    single = root / "model.safetensors"
+    if single.is_file():
+        return {name: single for name in read_safetensors_header(single)}
+    raise CheckpointError(f"{root}: missing file model.safetensors (or model.safetensors.index.json with shards)")
+
+
+# ---------------------------------------------------------------- checks
+
+@dataclass
+class MappingReport:
+    """How a set of checkpoint tensors lines up with our modules."""
+
+    loaded: list[str] = field(default_factory=list)
+    vocoder: list[str] = field(default_factory=list)
+    unused: dict[str, list[str]] = field(default_factory=dict)  # reason -> names
+    missing: list[str] = field(default_factory=list)
+    unexpected: list[str] = field(default_factory=list)
+    mismatched: list[tuple[str, tuple, tuple]] = field(default_factory=list)  # name, expected, found
+    tied_lm_head: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return not (self.missing or self.unexpected or self.mismatched)
+
+    def error(self, where: str) -> str:
+        def listing(names, n=12):
+            more = f" (and {len(names) - n} more)" if len(names) > n else ""
+            return ", ".join(names[:n]) + more
+        parts = []
+        for name, expected, found in self.mismatched[:12]:
+            parts.append(f"tensor '{name}' has shape {list(found)}, expected {list(expected)}")
+        if len(self.mismatched) > 12:
+            parts.append(f"(and {len(self.mismatched) - 12} more shape mismatches)")
+        if self.missing:
+            parts.append(f"missing weights: {listing(self.missing)}")
+        if self.unexpected:
+            parts.append(f"unexpected weights: {listing(self.unexpected)}")
+        return f"{where}: " + "; ".join(parts)
+
+
+def check_mapping(cfg: OmniConfig, shapes: dict[str, tuple[int, ...]], model: OmniModel | None = None) -> MappingReport:
+    """Compare checkpoint tensor names/shapes with what our modules expect."""
+    wmap = weight_map(cfg, model)
+    report = MappingReport()
+    for name, shape in shapes.items():
+        target = wmap.get(name)
+        if target is not None:
+            if tuple(shape) != target.shape:
+                report.mismatched.append((name, target.shape, tuple(shape)))
+            else:
+                report.loaded.append(name)
+        elif name.startswith(VOCODER_PREFIX):
+            report.vocoder.append(name)
+        else:
+            reason = next((r for p, r in UNUSED_PREFIXES.items() if name.startswith(p)), None)
+            if reason is None:
+                report.unexpected.append(name)
+            else:
+                report.unused.setdefault(reason, []).append(name)
+    missing = [n for n in wmap if n not in shapes]
+    if "thinker.lm_head.weight" in missing and cfg.thinker.tie_word_embeddings:
+        missing.remove("thinker.lm_head.weight")
+        report.tied_lm_head = True
+    report.missing = missing
+    return report
+
+
+# ---------------------------------------------------------------- the stack
+
+@dataclass
+class Voice:
+    name: str
+    bos_token: int  # thinker-vocabulary id that starts the talker's text stream
+    cond: torch.Tensor  # speaker embedding for the vocoder
+    ref_mel: torch.Tensor  # reference mel for the vocoder's speaker encoder
+
+
+@dataclass
+class OmniStack:
+    """Everything needed to listen, think and talk with one checkpoint."""
+
+    path: Path
+    config: OmniConfig
+    model: OmniModel
+    tokenizer: Tokenizer
+    features: FeatureConfig
+    voices: dict[str, Voice]
+    vocoder_weights: dict[str, torch.Tensor]
+    generation_config: dict
+    dtype: torch.dtype
+    device: torch.device
+
+    @property
+    def thinker(self) -> Thinker:
+        return self.model.thinker
+
+    @property
+    def talker(self) -> Talker | None:
+        return self.model.talker
+
+    @property
+    def default_voice(self) -> str | None:
+        return next(iter(self.voices), None)
+
+
+def load_voices(path: Path) -> dict[str, Voice]:
+    try:
+        raw = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # torch raises many types for a bad pickle
+        raise CheckpointError(f"{path}: cannot read voices ({type(e).__name__}: {e})") from None
+    if not isinstance(raw, dict) or not raw:
+        raise CheckpointError(f"{path}: expected a dict of voices, found {type(raw).__name__}")
+    voices = {}
+    for name, v in raw.items():
+        try:
+            voices[name] = Voice(name, int(v["bos_token"]), v["cond"].float(), v["ref_mel"].float())
+        except (KeyError, TypeError, AttributeError) as e:
+            raise CheckpointError(f"{path}: voice '{name}' lacks bos_token/cond/ref_mel ({e})") from None
+    return voices
+
+
+def _materialize(model: nn.Module, device: torch.device, dtype: torch.dtype) -> None:
+    """Give meta parameters real (uninitialised) storage and move computed buffers.
+
+    Buffers built on the CPU are moved; modules whose buffers were built on
+    the meta device recompute them in ``reset_buffers()``.
+    """
+    for module in model.modules():
+        for name, p in list(module._parameters.items()):
+            if p is not None:
+                module._parameters[name] = nn.Parameter(torch.empty(p.shape, device=device, dtype=dtype),
+                                                        requires_grad=False)
+    to_reset = []
+    for module in model.modules():
+        for name, b in list(module._buffers.items()):
+            if b is not None:
+                if b.is_meta:
+                    to_reset.append(module)
+                module._buffers[name] = torch.empty_like(b, device=device) if b.is_meta else b.to(device)
+    for module in dict.fromkeys(to_reset):  # after all parameters exist: reset may read their dtype
+        module.reset_buffers()
+
+
+DEFAULT_DEVICE_DTYPE = {"cpu": torch.float32, "cuda": torch.bfloat16}
+
+
+def load_stack(model: str | os.PathLike, device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
+               enable_talker: bool = True) -> OmniStack:
+    """Load a checkpoint directory or cached repo id into a ready :class:`OmniStack`.
+
+    dtype defaults to fp32 on the CPU and bf16 on CUDA.  Raises
+    :class:`CheckpointError` / :class:`ConfigError` naming the file or tensor.
+    """
+    root = resolve_checkpoint(model)
+    device = torch.device(device)
+    dtype = dtype or DEFAULT_DEVICE_DTYPE.get(device.type, torch.float32)
+    cfg = OmniConfig.from_file(_require(root, "config.json"))
+    if not enable_talker and cfg.talker is not None:
+        cfg = OmniConfig(thinker=cfg.thinker, talker=None, token2wav=None, raw=cfg.raw)
+    for name in ("tokenizer.json", "tokenizer_config.json", "preprocessor_config.json"):
+        _require(root, name)
+    voices = load_voices(_require(root, "spk_dict.pt")) if cfg.talker is not None else {}
+    tokenizer = Tokenizer.from_dir(root)
+    features = FeatureConfig.from_preprocessor_config(root / "preprocessor_config.json")
+    gen_path = root / "generation_config.json"
+    generation_config = json.loads(gen_path.read_text()) if gen_path.is_file() else {}
+
+    files = weight_files(root)
+    headers: dict[Path, dict] = {f: read_safetensors_header(f) for f in sorted(set(files.values()))}
+    shapes = {}
+    for name, f in files.items():
+        if name not in headers[f]:
+            raise CheckpointError(f"{f}: tensor '{name}' is listed in the index but not in the file")
+        shapes[name] = tuple(headers[f][name]["shape"])
+
+    with torch.device("meta"):
+        omni = OmniModel(cfg)
+    report = check_mapping(cfg, shapes, omni)
+    if not report.ok:
+        raise CheckpointError(report.error(str(root)))
+    _materialize(omni, device, dtype)
+    params = dict(omni.named_parameters())
+    wmap = weight_map(cfg, omni)
+
+    from safetensors import safe_open
+
+    vocoder_weights: dict[str, torch.Tensor] = {}
+    by_file: dict[Path, list[str]] = {}
+    for name in report.loaded + report.vocoder:
+        by_file.setdefault(files[name], []).append(name)
+    with torch.no_grad():
+        for f, names in by_file.items():
+            try:
+                with safe_open(str(f), framework="pt", device="cpu") as st:
+                    for name in names:
+                        tensor = st.get_tensor(name)
+                        if name.startswith(VOCODER_PREFIX):
+                            vocoder_weights[name[len(VOCODER_PREFIX):]] = tensor.float()
+                            continue
+                        target = wmap[name]
+                        dest = params[target.param]
+                        if target.rows is not None:
+                            dest = dest[target.rows[0]:target.rows[1]]
+                        dest.copy_(tensor)
+            except CheckpointError:
+                raise
+            except Exception as e:  # safetensors raises its own error types for damaged files
+                raise CheckpointError(f"{f}: cannot read tensors ({type(e).__name__}: {e})") from None
+        if report.tied_lm_head:
+            omni.thinker.lm_head.weight = omni.thinker.embed_tokens.weight
+    omni.eval()
+    return OmniStack(path=root, config=cfg, model=omni, tokenizer=tokenizer, features=features, voices=voices,
+                     vocoder_weights=vocoder_weights, generation_config=generation_config, dtype=dtype,
+                     device=device)
+
+
+__all__ = ["CheckpointError", "ConfigError", "OmniModel", "OmniStack", "Voice", "check_mapping", "load_stack",
+           "resolve_checkpoint", "weight_map", "read_safetensors_header", "hf_hub_cache"]

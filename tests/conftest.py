@@ -1,0 +1,41 @@
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoints(tmp_path_factory):
+    """variant -> (checkpoint dir, transformers reference model); written once per session."""
+    import tiny
+
+    cache = {}
+
+    def get(variant: str):
+        if variant not in cache:
+            path = tmp_path_factory.mktemp(f"tiny-{variant}")
+            cache[variant] = (path, tiny.write_checkpoint(path, variant))
+        return cache[variant]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def speech_like():
+    """A deterministic 16 kHz test utterance: voiced harmonics with a moving pitch plus noise."""
+
+    def make(seconds: float, seed: int = 0) -> torch.Tensor:
+        g = torch.Generator().manual_seed(seed)
+        t = torch.arange(int(seconds * 16000)) / 16000
+        f0 = 140 + 40 * torch.sin(2 * torch.pi * 0.7 * t)
+        phase = 2 * torch.pi * torch.cumsum(f0, 0) / 16000
+        wave = sum(0.3 / k * torch.sin(k * phase) for k in range(1, 6))
+        return (wave * (0.6 + 0.4 * torch.sin(2 * torch.pi * 3 * t)) + 0.01 * torch.randn(t.shape, generator=g)).float()
+
+    return make
