@@ -1,0 +1,3 @@
+from omnidesk.cli import main
+import sys
+sys.exit(main())
