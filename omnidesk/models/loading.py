@@ -156,10 +156,16 @@ def read_safetensors_header(path: Path) -> dict[str, dict]:
             header = json.loads(f.read(n))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise CheckpointError(f"{path}: corrupt safetensors header ({e})") from None
+    if not isinstance(header, dict):
+        raise CheckpointError(f"{path}: corrupt safetensors header (not a JSON object)")
     header.pop("__metadata__", None)
     data_size = size - 8 - n
     for name, info in header.items():
-        end = info["data_offsets"][1]
+        try:
+            end = int(info["data_offsets"][1])
+            info["shape"] = [int(d) for d in info["shape"]]
+        except (KeyError, IndexError, TypeError, ValueError):
+            raise CheckpointError(f"{path}: corrupt safetensors header (bad entry for tensor '{name}')") from None
         if end > data_size:
             raise CheckpointError(f"{path}: truncated: tensor '{name}' ends at byte {end} of the data section "
                                   f"but the file holds only {data_size} bytes")
@@ -355,6 +361,8 @@ def load_stack(model: str | os.PathLike, device: str | torch.device = "cpu", dty
         if name not in headers[f]:
             raise CheckpointError(f"{f}: tensor '{name}' is listed in the index but not in the file")
         shapes[name] = tuple(headers[f][name]["shape"])
+    if cfg.talker is None:  # no speech output: talker and vocoder tensors are neither loaded nor unexpected
+        shapes = {n: s for n, s in shapes.items() if not n.startswith(("talker.", VOCODER_PREFIX))}
 
     with torch.device("meta"):
         omni = OmniModel(cfg)

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Set up OmniDesk in ./.venv on a fresh Linux machine.
+#   dev/setup.sh          the app and its runtime dependencies
+#   dev/setup.sh --test   the same plus the test dependencies (pytest, pytest-qt, transformers as the oracle)
+# System libraries (PortAudio for the audio devices, the libraries Qt needs) are
+# installed with apt-get when running as root and missing; otherwise it says
+# what to install.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+extras=""
+[ "${1:-}" = "--test" ] && extras="[test]"
+
+system_packages=(libportaudio2 libegl1 libgl1 libxkbcommon0 libfontconfig1 libglib2.0-0 libdbus-1-3)
+missing=()
+if command -v dpkg >/dev/null 2>&1; then
+  for p in "${system_packages[@]}"; do
+    dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
+  done
+fi
+if [ ${#missing[@]} -gt 0 ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "installing system packages: ${missing[*]}"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  else
+    echo "warning: missing system packages (install them with your package manager): ${missing[*]}" >&2
+  fi
+fi
+
+python=${PYTHON:-python3}
+"$python" -c 'import sys; sys.exit(sys.version_info < (3, 10))' || { echo "error: Python 3.10+ needed" >&2; exit 1; }
+[ -x .venv/bin/python ] || "$python" -m venv .venv
+.venv/bin/python -m pip install -q --upgrade pip
+# The tested torch release first: on this project's machines it is the CPU build from local disk.
+.venv/bin/python -c 'import torch' 2>/dev/null || .venv/bin/python -m pip install -q "torch==2.13.0"
+.venv/bin/python -m pip install -q -e ".${extras}"
+echo "ready: .venv/bin/omnidesk"
