@@ -68,10 +68,35 @@ def cmd_reply(args) -> int:
     elapsed = time.perf_counter() - t0
     print(f"heard {wave.shape[0] / stack.features.sampling_rate:.2f} s -> {len(reply.prompt_ids)} prompt tokens")
     print(f"reply text ({len(reply.text_ids)} tokens): {reply.text!r}")
-    rate = stack.config.thinker.position_id_per_seconds * 2  # codec frames per second (50 for Qwen2.5-Omni)
-    print(f"speech tokens: {len(reply.codec_ids)} (~{len(reply.codec_ids) / rate:.2f} s of speech)")
-    print(f"took {elapsed * 1000:.0f} ms (sequential reference path; the vocoder is not built yet)")
+    print(f"speech tokens: {len(reply.codec_ids)}; thinker + talker took {elapsed * 1000:.0f} ms (sequential path)")
+    if args.output and reply.codec_ids:
+        _speak(stack, reply.codec_ids, args.voice or stack.default_voice, args.seed, Path(args.output))
     return 0
+
+
+def _speak(stack, codec_ids: list[int], voice_name: str, seed: int, out: Path) -> None:
+    """Run the streaming vocoder over a finished reply and write what it produced (the user asked for a file)."""
+    import numpy as np
+    import soundfile as sf
+
+    v = stack.voices[voice_name]
+    stream = stack.vocoder.stream(stack.vocoder.voice(v.cond, v.ref_mel), seed=seed)
+    t0 = time.perf_counter()
+    chunks, first = [], None
+    for code in codec_ids:
+        ready = stream.push([code])
+        if ready and first is None:
+            first = (len(stream.codes), time.perf_counter() - t0)
+        chunks += ready
+    chunks += stream.flush()
+    elapsed = time.perf_counter() - t0
+    audio = np.concatenate([c.numpy() for c in chunks])
+    rate = stack.vocoder.hop_length * 100  # 100 mel frames per second
+    sf.write(str(out), audio, rate)
+    seconds = audio.size / rate
+    if first:
+        print(f"vocoder: first chunk after {first[0]} speech tokens ({first[1] * 1000:.0f} ms)")
+    print(f"vocoder: {seconds:.2f} s of audio in {elapsed * 1000:.0f} ms (RTF {elapsed / seconds:.2f}) -> {out}")
 
 
 def cmd_default(args) -> int:
@@ -86,7 +111,7 @@ def cmd_default(args) -> int:
     reply = generate_reply(stack, wave, max_text_tokens=24, max_codec_tokens=100)
     print(f"model ready: {stack.path}")
     print(f"one turn on a synthetic 1.5 s tone: {len(reply.text_ids)} text tokens, {len(reply.codec_ids)} speech tokens")
-    print("The desktop window is not built yet; try: omnidesk reply --model demo --input question.wav")
+    print("The desktop window is not built yet; try: omnidesk reply --input question.wav --output answer.wav")
     return 0
 
 
@@ -112,6 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     reply.add_argument("--seed", type=int, default=0)
     reply.add_argument("--max-text-tokens", type=int, default=128)
     reply.add_argument("--max-codec-tokens", type=int, default=1000)
+    reply.add_argument("--output", help="write the spoken reply to this WAV file (24 kHz)")
     reply.set_defaults(func=cmd_reply)
 
     args = parser.parse_args(argv)

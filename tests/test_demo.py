@@ -83,3 +83,14 @@ def test_cli_reply_on_missing_checkpoint_is_a_clear_error(tmp_path):
                           "x.wav"], capture_output=True, text=True, timeout=120)
     assert out.returncode == 2
     assert "checkpoint directory not found" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_demo_reply_is_clearly_audible(tmp_path, speech_like):
+    stack = load_stack(make_demo(tmp_path / "d"))
+    reply = generate_reply(stack, speech_like(1.0), max_text_tokens=8, max_codec_tokens=120,
+                           generator=torch.Generator().manual_seed(1))
+    v = stack.voices["Ethan"]
+    wave = stack.vocoder.offline(torch.tensor(reply.codec_ids), stack.vocoder.voice(v.cond, v.ref_mel), seed=1)
+    rms = wave.pow(2).mean().sqrt().item()
+    assert rms >= 0.05, rms
+    assert wave.abs().max() <= 1.0

@@ -152,7 +152,8 @@ def test_sharded_loads_like_single_file(tiny_checkpoints, sharded):
     one, many = dict(single.model.named_parameters()), dict(multi.model.named_parameters())
     assert one.keys() == many.keys()
     assert all(torch.equal(one[k], many[k]) for k in one)
-    assert multi.vocoder_weights.keys() == single.vocoder_weights.keys()
+    for (name, a), (_, b) in zip(multi.vocoder.named_parameters(), single.vocoder.named_parameters()):
+        assert torch.equal(a, b), name
 
 
 def test_sharded_missing_shard(sharded, tmp_path):
@@ -192,7 +193,10 @@ def test_bfloat16_on_cpu(tiny_checkpoints):
     path, _ = tiny_checkpoints("a")
     stack = load_stack(path, dtype=torch.bfloat16)
     assert stack.dtype == torch.bfloat16
-    assert {p.dtype for p in stack.model.parameters()} == {torch.bfloat16}
+    assert {p.dtype for p in stack.thinker.parameters()} == {torch.bfloat16}
+    assert {p.dtype for p in stack.talker.parameters()} == {torch.bfloat16}
+    # the vocoder stays fp32, as in the reference (flow matching needs it)
+    assert {p.dtype for p in stack.vocoder.parameters()} == {torch.float32}
     fp32 = load_stack(path)
     assert {p.dtype for p in fp32.model.parameters()} == {torch.float32}
     logits = _thinker_logits(stack)

@@ -27,7 +27,7 @@ DEMO_NOTICE = ("Demo model: tiny and untrained (random weights) - its replies ar
                "Get real weights with: omnidesk models download Qwen/Qwen2.5-Omni-3B")
 
 # Bump when the recipe changes: a demo made by an older recipe is rebuilt.
-RECIPE_VERSION = 1
+RECIPE_VERSION = 2
 SEED = 20261202
 
 TOKENIZER_VOCAB = 1024
@@ -71,6 +71,20 @@ def demo_config() -> dict:
                                vision_end_token_id=ids["vision_eos"], user_token_id=ids["im_start"],
                                position_id_per_seconds=25, seconds_per_chunk=2, tie_word_embeddings=False),
         "talker_config": talker,
+        "token2wav_config": {
+            "model_type": "qwen2_5_omni_token2wav",
+            # the hub file's spellings (dim/depth/heads), a small DiT with the real block structure
+            "dit_config": dict(model_type="qwen2_5_omni_dit", dim=96, depth=4, heads=4, head_dim=24, ff_mult=2,
+                               emb_dim=64, repeats=2, num_embeds=CODEC_VOCAB, mel_dim=80, enc_emb_dim=192,
+                               enc_dim=32, enc_channels=[64, 64, 64, 64, 192], enc_kernel_sizes=[5, 3, 3, 3, 1],
+                               enc_dilations=[1, 2, 3, 4, 1], enc_attention_channels=16, enc_res2net_scale=2,
+                               enc_se_channels=16, block_size=24, look_ahead_layers=[2], look_backward_layers=[0, 3],
+                               dropout=0.0),
+            "bigvgan_config": dict(model_type="qwen2_5_omni_bigvgan", mel_dim=80, upsample_initial_channel=128,
+                                   resblock_kernel_sizes=[3, 7, 11],
+                                   resblock_dilation_sizes=[[1, 3, 5], [1, 3, 5], [1, 3, 5]],
+                                   upsample_rates=[5, 3, 2, 2, 2, 2], upsample_kernel_sizes=[11, 7, 4, 4, 4, 4]),
+        },
         "omnidesk_demo": {"recipe": RECIPE_VERSION, "seed": SEED, "notice": DEMO_NOTICE},
     }
 
@@ -79,6 +93,11 @@ PREPROCESSOR = {"feature_extractor_type": "WhisperFeatureExtractor", "feature_si
                 "hop_length": 160, "n_fft": 400, "chunk_length": 300, "n_samples": 4800000, "nb_max_frames": 30000,
                 "padding_side": "right", "padding_value": 0.0, "dither": 0.0, "return_attention_mask": True,
                 "processor_class": "Qwen2_5OmniProcessor"}
+
+
+# A random BigVGAN is nearly silent (RMS ~1e-6 of full scale); the demo's replies must be
+# clearly audible, so its output convolution is scaled to this RMS on a calibration reply.
+TARGET_RMS = 0.15
 
 
 def _init_weights(model: nn.Module, generator: torch.Generator) -> None:
@@ -123,6 +142,16 @@ def _write_demo(root: Path) -> None:
     g = torch.Generator().manual_seed(SEED)
     model = OmniModel(cfg)
     _init_weights(model, g)
+    voices = {}
+    for i, name in enumerate(("Chelsie", "Ethan")):
+        voices[name] = {"bos_token": FIRST_SPECIAL_ID + list(SPECIAL_TOKENS).index(f"speaker_{i}"),
+                        "cond": torch.randn(192, generator=g), "ref_mel": torch.randn(150, 80, generator=g) - 5.0}
+    with torch.no_grad():
+        vocoder = model.vocoder
+        codes = torch.randint(0, CODEC_VOCAB - 16, (100,), generator=g)
+        voice = vocoder.voice(voices["Chelsie"]["cond"], voices["Chelsie"]["ref_mel"])
+        wave = vocoder.offline(codes, voice, seed=SEED)
+        vocoder.bigvgan.conv_post.weight.mul_(TARGET_RMS / wave.pow(2).mean().sqrt())
     params = dict(model.named_parameters())
     tensors = {}
     for ckpt_name, target in weight_map(cfg, model).items():
@@ -137,10 +166,7 @@ def _write_demo(root: Path) -> None:
     (root / "generation_config.json").write_text(json.dumps({"eos_token_id": thinker_eos, "pad_token_id":
                                                              ids["endoftext"]}, indent=2))
     (root / "preprocessor_config.json").write_text(json.dumps(PREPROCESSOR, indent=2))
-    voices = {}
-    for i, name in enumerate(("Chelsie", "Ethan")):
-        voices[name] = {"bos_token": ids[f"speaker_{i}"], "cond": torch.randn(192, generator=g),
-                        "ref_mel": torch.randn(150, 80, generator=g)}
+    assert all(voices[name]["bos_token"] == ids[f"speaker_{i}"] for i, name in enumerate(voices))
     torch.save(voices, root / "spk_dict.pt")
 
 

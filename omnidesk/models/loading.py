@@ -25,6 +25,7 @@ from .features import FeatureConfig
 from .talker import Talker
 from .thinker import Thinker
 from .tokenizer import Tokenizer
+from .vocoder import Token2Wav
 
 
 class CheckpointError(ValueError):
@@ -34,19 +35,25 @@ class CheckpointError(ValueError):
 # Checkpoint prefixes we recognise but do not load, with the reason (shown by `models verify`).
 UNUSED_PREFIXES = {
     "thinker.visual.": "vision encoder (OmniDesk takes audio only)",
+    # hub files store this computed buffer; transformers and we recompute it from the config
+    "token2wav.code2wav_dit_model.rotary_embed.inv_freq": "vocoder rotary frequencies (recomputed)",
 }
-# Read by the vocoder (token2wav); kept as raw tensors until then.
-VOCODER_PREFIX = "token2wav."
+# Checkpoint prefix -> our module prefix for the vocoder, whose names otherwise mirror the checkpoint's.
+VOCODER_PREFIXES = {
+    "token2wav.code2wav_dit_model.": "vocoder.dit.",
+    "token2wav.code2wav_bigvgan_model.": "vocoder.bigvgan.",
+}
 
 
 class OmniModel(nn.Module):
-    """Thinker + talker; parameter names are ``thinker.*`` / ``talker.*``."""
+    """Thinker + talker + vocoder; parameter names are ``thinker.*`` / ``talker.*`` / ``vocoder.*``."""
 
     def __init__(self, cfg: OmniConfig):
         super().__init__()
         self.cfg = cfg
         self.thinker = Thinker(cfg.thinker)
         self.talker = Talker(cfg.talker) if cfg.talker is not None else None
+        self.vocoder = Token2Wav(cfg.token2wav) if cfg.talker is not None else None
 
 
 @dataclass(frozen=True)
@@ -97,6 +104,12 @@ def weight_map(cfg: OmniConfig, model: OmniModel | None = None) -> dict[str, Tar
         out["talker.thinker_to_talker_proj.bias"] = Target("talker.thinker_to_talker_proj.bias", (k.hidden_size,))
         out["talker.codec_head.weight"] = Target("talker.codec_head.weight", (k.vocab_size, k.hidden_size))
         out.update(_decoder_map("talker.model", "talker.decoder", k))
+    if model.vocoder is not None:
+        ours_to_ckpt = {v: c for c, v in VOCODER_PREFIXES.items()}
+        for part in ("dit", "bigvgan"):
+            ours = f"vocoder.{part}."
+            for name, p in getattr(model.vocoder, part).state_dict().items():
+                out[ours_to_ckpt[ours] + name] = Target(ours + name, tuple(p.shape))
     return out
 
 
@@ -200,7 +213,6 @@ class MappingReport:
     """How a set of checkpoint tensors lines up with our modules."""
 
     loaded: list[str] = field(default_factory=list)
-    vocoder: list[str] = field(default_factory=list)
     unused: dict[str, list[str]] = field(default_factory=dict)  # reason -> names
     missing: list[str] = field(default_factory=list)
     unexpected: list[str] = field(default_factory=list)
@@ -238,8 +250,6 @@ def check_mapping(cfg: OmniConfig, shapes: dict[str, tuple[int, ...]], model: Om
                 report.mismatched.append((name, target.shape, tuple(shape)))
             else:
                 report.loaded.append(name)
-        elif name.startswith(VOCODER_PREFIX):
-            report.vocoder.append(name)
         else:
             reason = next((r for p, r in UNUSED_PREFIXES.items() if name.startswith(p)), None)
             if reason is None:
@@ -274,7 +284,6 @@ class OmniStack:
     tokenizer: Tokenizer
     features: FeatureConfig
     voices: dict[str, Voice]
-    vocoder_weights: dict[str, torch.Tensor]
     generation_config: dict
     dtype: torch.dtype
     device: torch.device
@@ -286,6 +295,10 @@ class OmniStack:
     @property
     def talker(self) -> Talker | None:
         return self.model.talker
+
+    @property
+    def vocoder(self) -> Token2Wav | None:
+        return self.model.vocoder
 
     @property
     def default_voice(self) -> str | None:
@@ -362,22 +375,25 @@ def load_stack(model: str | os.PathLike, device: str | torch.device = "cpu", dty
             raise CheckpointError(f"{f}: tensor '{name}' is listed in the index but not in the file")
         shapes[name] = tuple(headers[f][name]["shape"])
     if cfg.talker is None:  # no speech output: talker and vocoder tensors are neither loaded nor unexpected
-        shapes = {n: s for n, s in shapes.items() if not n.startswith(("talker.", VOCODER_PREFIX))}
+        shapes = {n: s for n, s in shapes.items() if not n.startswith(("talker.", "token2wav."))}
 
     with torch.device("meta"):
         omni = OmniModel(cfg)
     report = check_mapping(cfg, shapes, omni)
     if not report.ok:
         raise CheckpointError(report.error(str(root)))
-    _materialize(omni, device, dtype)
+    _materialize(omni.thinker, device, dtype)
+    if omni.talker is not None:
+        _materialize(omni.talker, device, dtype)
+        # The reference keeps token2wav in fp32 whatever the LLM dtype: flow matching needs it.
+        _materialize(omni.vocoder, device, torch.float32)
     params = dict(omni.named_parameters())
     wmap = weight_map(cfg, omni)
 
     from safetensors import safe_open
 
-    vocoder_weights: dict[str, torch.Tensor] = {}
     by_file: dict[Path, list[str]] = {}
-    for name in report.loaded + report.vocoder:
+    for name in report.loaded:
         by_file.setdefault(files[name], []).append(name)
     with torch.no_grad():
         for f, names in by_file.items():
@@ -385,9 +401,6 @@ def load_stack(model: str | os.PathLike, device: str | torch.device = "cpu", dty
                 with safe_open(str(f), framework="pt", device="cpu") as st:
                     for name in names:
                         tensor = st.get_tensor(name)
-                        if name.startswith(VOCODER_PREFIX):
-                            vocoder_weights[name[len(VOCODER_PREFIX):]] = tensor.float()
-                            continue
                         target = wmap[name]
                         dest = params[target.param]
                         if target.rows is not None:
@@ -401,7 +414,7 @@ def load_stack(model: str | os.PathLike, device: str | torch.device = "cpu", dty
             omni.thinker.lm_head.weight = omni.thinker.embed_tokens.weight
     omni.eval()
     return OmniStack(path=root, config=cfg, model=omni, tokenizer=tokenizer, features=features, voices=voices,
-                     vocoder_weights=vocoder_weights, generation_config=generation_config, dtype=dtype,
+                     generation_config=generation_config, dtype=dtype,
                      device=device)
 
 

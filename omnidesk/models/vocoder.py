@@ -1,0 +1,227 @@
+"""token2wav: codec tokens -> 24 kHz waveform, offline or streaming.
+
+Two stages: the DiT turns codes into mel frames by flow matching (dit.py),
+BigVGAN turns mel frames into samples (bigvgan.py).
+
+Streaming (:class:`VocoderStream`) follows the published recipe for this
+model: the DiT makes mel in chunks of ``chunk_frames`` (72), each computed
+on a window that adds ``past_frames`` (48) of look-back and
+``future_frames`` (24) of look-ahead; the first chunk may be smaller
+(``first_chunk_frames``) to cut time to first audio.  All sizes are multiples
+of the DiT block (24 frames) so every window starts on a block boundary.
+
+What is exact and what is not:
+
+* ODE noise is a fixed function of (seed, absolute mel frame): streaming and
+  offline integrate from the same initial state.
+* BigVGAN runs on the concatenated mel with its full left context; on the
+  right it waits only ``vocoder_lookahead_frames`` (12) of the 34 frames its
+  convolutions formally reach, and treats the rest as the utterance end (zero
+  padding).  The far frames weigh almost nothing (measured in the tests), and
+  waiting for all 34 would add 340 ms to the first audio.
+* The DiT windows are an approximation by design: one velocity evaluation
+  reaches ``reach_back``/``reach_ahead`` blocks, and the ODE chains 36 of them,
+  so a window cannot hold the whole dependency.  The deviation from offline is
+  measured in tests/test_vocoder.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from .bigvgan import BigVGAN, BigVGANConfig
+from .config import ConfigError
+from .dit import DEFAULT_GUIDANCE_SCALE, DEFAULT_NUM_STEPS, DEFAULT_SWAY_COEFFICIENT, DiT, DiTConfig
+
+# Multiplier that spreads block seeds apart (any large odd constant works).
+_BLOCK_SEED_STRIDE = 1_000_003
+
+
+@dataclass(frozen=True)
+class StreamingPlan:
+    """Chunking in mel frames (100/s).  DiT: the published recipe (chunk 72, past 48,
+    future 24) with a first chunk of 48 so audio starts after 36 codes (0.72 s of
+    speech) yet the second chunk is due only 0.72 s of speech later - a talker
+    running above 2.5x real time never lets playback run dry."""
+
+    chunk_frames: int = 72
+    past_frames: int = 48
+    future_frames: int = 24
+    first_chunk_frames: int = 48
+    vocoder_lookahead_frames: int = 12
+
+    def check(self, block: int) -> None:
+        if not 0 <= self.vocoder_lookahead_frames <= self.first_chunk_frames:
+            raise ValueError(f"StreamingPlan.vocoder_lookahead_frames={self.vocoder_lookahead_frames} must be in "
+                             f"[0, first_chunk_frames]")
+        for name in ("chunk_frames", "past_frames", "future_frames", "first_chunk_frames"):
+            value = getattr(self, name)
+            if value < 0 or value % block or (value == 0 and name in ("chunk_frames", "first_chunk_frames")):
+                raise ValueError(f"StreamingPlan.{name}={value} must be a positive multiple of the DiT block "
+                                 f"({block} mel frames)")
+
+
+@dataclass(frozen=True)
+class VoiceCondition:
+    """What the vocoder needs of a voice: its speaker vector and speaker-encoder features."""
+
+    cond: torch.Tensor
+    features: tuple[torch.Tensor, torch.Tensor]
+
+
+class Token2Wav(nn.Module):
+    """DiT + BigVGAN, always run in fp32 (as the reference does)."""
+
+    def __init__(self, token2wav_config: dict):
+        super().__init__()
+        if not isinstance(token2wav_config, dict):
+            raise ConfigError("config.json: missing token2wav_config")
+        try:
+            dit_cfg = token2wav_config["dit_config"]
+            bigvgan_cfg = token2wav_config["bigvgan_config"]
+        except KeyError as e:
+            raise ConfigError(f"token2wav_config: missing field {e}") from None
+        self.dit = DiT(DiTConfig.from_dict(dit_cfg))
+        self.bigvgan = BigVGAN(BigVGANConfig.from_dict(bigvgan_cfg))
+        self.num_steps = DEFAULT_NUM_STEPS
+        self.guidance_scale = DEFAULT_GUIDANCE_SCALE
+        self.sway_coefficient = DEFAULT_SWAY_COEFFICIENT
+
+    @property
+    def repeats(self) -> int:
+        return self.dit.cfg.repeats
+
+    @property
+    def hop_length(self) -> int:
+        return self.bigvgan.hop_length
+
+    def voice(self, cond: torch.Tensor, ref_mel: torch.Tensor) -> VoiceCondition:
+        w = self.dit.proj_out.weight
+        return VoiceCondition(cond.to(w.device, w.dtype), self.dit.speaker_features(ref_mel))
+
+    def noise(self, seed: int, start: int, end: int) -> torch.Tensor:
+        """Initial ODE state for mel frames [start, end): a fixed function of (seed, frame)."""
+        block = self.dit.cfg.block_size
+        mel_dim = self.dit.cfg.mel_dim
+        parts = []
+        for b in range(start // block, (end + block - 1) // block):
+            g = torch.Generator().manual_seed(seed * _BLOCK_SEED_STRIDE + b)
+            parts.append(torch.randn(block, mel_dim, generator=g))
+        first = (start // block) * block
+        noise = torch.cat(parts)[start - first:end - first]
+        return noise.to(self.dit.proj_out.weight.device)
+
+    def mel(self, codes: torch.Tensor, voice: VoiceCondition, noise: torch.Tensor) -> torch.Tensor:
+        """codes [n] -> mel [mel_dim, n * repeats] with the given initial state."""
+        return self.dit.sample(codes, voice.cond, None, noise, num_steps=self.num_steps,
+                               guidance_scale=self.guidance_scale, sway_coefficient=self.sway_coefficient,
+                               speaker_feats=voice.features)
+
+    @torch.no_grad()
+    def offline(self, codes: torch.Tensor, voice: VoiceCondition, seed: int = 0,
+                noise: torch.Tensor | None = None) -> torch.Tensor:
+        """The whole reply at once (the reference's way): codes [n] -> waveform [n * repeats * hop]."""
+        if codes.numel() == 0:
+            return torch.zeros(0)
+        n = codes.numel() * self.repeats
+        if noise is None:
+            noise = self.noise(seed, 0, n)
+        return self.bigvgan(self.mel(codes.to(noise.device), voice, noise)).reshape(-1).float()
+
+    def stream(self, voice: VoiceCondition, seed: int = 0, plan: StreamingPlan | None = None) -> "VocoderStream":
+        return VocoderStream(self, voice, seed, plan or StreamingPlan())
+
+
+class VocoderStream:
+    """Codec tokens in, waveform chunks out, for one reply.
+
+    ``push(codes)`` returns the chunks that became ready; ``flush()`` when the
+    talker stopped (or the reply was cut short) returns the rest; ``reset()``
+    starts a new reply.  Chunks are 1-D float32 tensors at 24 kHz.
+    """
+
+    def __init__(self, t2w: Token2Wav, voice: VoiceCondition, seed: int, plan: StreamingPlan):
+        plan.check(t2w.dit.cfg.block_size)
+        self.t2w, self.voice, self.seed, self.plan = t2w, voice, seed, plan
+        self.left_ctx, _ = t2w.bigvgan.context_frames()
+        self.right_ctx = plan.vocoder_lookahead_frames
+        self.reset()
+
+    def reset(self) -> None:
+        self.codes: list[int] = []
+        self.mel_done = 0  # mel frames made by the DiT so far
+        self.audio_done = 0  # mel frames whose samples were emitted
+        self._mel = torch.zeros(self.t2w.dit.cfg.mel_dim, 0, device=self.t2w.dit.proj_out.weight.device)
+        self._mel_start = 0  # absolute frame of self._mel[:, 0]
+        self.finished = False
+
+    @property
+    def samples_emitted(self) -> int:
+        return self.audio_done * self.t2w.hop_length
+
+    def _next_chunk_end(self) -> int:
+        size = self.plan.first_chunk_frames if self.mel_done == 0 else self.plan.chunk_frames
+        return self.mel_done + size
+
+    def _make_mel(self, end: int, window_end: int) -> None:
+        """DiT on [mel_done - past, window_end), keeping frames [mel_done, end)."""
+        r = self.t2w.repeats
+        start = max(0, self.mel_done - self.plan.past_frames)
+        codes = torch.tensor(self.codes[start // r:(window_end + r - 1) // r], dtype=torch.long,
+                             device=self._mel.device)
+        window_end = codes.numel() * r + start
+        mel = self.t2w.mel(codes, self.voice, self.t2w.noise(self.seed, start, window_end))
+        self._mel = torch.cat([self._mel, mel[:, self.mel_done - start:end - start]], dim=1)
+        self.mel_done = end
+
+    def _emit_audio(self, until: int, at_end: bool) -> torch.Tensor | None:
+        """Samples for mel frames [audio_done, until): full left context, ``right_ctx`` frames on the right."""
+        if until <= self.audio_done:
+            return None
+        lo = max(0, self.audio_done - self.left_ctx)
+        hi = self.mel_done if at_end else min(self.mel_done, until + self.right_ctx)
+        window = self._mel[:, lo - self._mel_start:hi - self._mel_start]
+        left = self.audio_done - lo
+        right = hi - until
+        samples = self.t2w.bigvgan.forward_window(window, left, right).reshape(-1).float()
+        self.audio_done = until
+        # Drop mel that no future window can need (memory stays flat in long replies).
+        keep_from = max(0, self.audio_done - self.left_ctx)
+        if keep_from > self._mel_start:
+            self._mel = self._mel[:, keep_from - self._mel_start:]
+            self._mel_start = keep_from
+        return samples
+
+    @torch.no_grad()
+    def push(self, codes) -> list[torch.Tensor]:
+        if self.finished:
+            raise RuntimeError("VocoderStream.push after flush; call reset() for a new reply")
+        self.codes.extend(int(c) for c in ([codes] if isinstance(codes, int) else codes))
+        available = len(self.codes) * self.t2w.repeats
+        chunks = []
+        while True:
+            end = self._next_chunk_end()
+            if available < end + self.plan.future_frames:
+                break
+            self._make_mel(end, end + self.plan.future_frames)
+            out = self._emit_audio(self.mel_done - self.right_ctx, at_end=False)
+            if out is not None:
+                chunks.append(out)
+        return chunks
+
+    @torch.no_grad()
+    def flush(self) -> list[torch.Tensor]:
+        """The reply ended (or was cut short): make and emit everything left."""
+        chunks = []
+        total = len(self.codes) * self.t2w.repeats
+        while self.mel_done < total:
+            end = min(self._next_chunk_end(), total)
+            self._make_mel(end, min(end + self.plan.future_frames, total))
+        out = self._emit_audio(self.mel_done, at_end=True)
+        if out is not None:
+            chunks.append(out)
+        self.finished = True
+        return chunks
