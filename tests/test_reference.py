@@ -72,38 +72,37 @@ def test_thinker_logits_prefill_and_decode(loaded, speech_like):
     assert max(diffs) <= TOL, diffs
 
 
+def _reference_generate(stack, ref, inputs, **kwargs):
+    """transformers' full generate; returns (text ids, codec ids before the stop id, talker logits per step)."""
+    captured = {"logits": []}
+    orig_generate = ref.talker.generate
+
+    def spy(*args, **kw):
+        result = orig_generate(*args, **kw)
+        captured["codes"] = result[0, kw["input_ids"].shape[1]:].tolist()
+        return result
+
+    hook = ref.talker.register_forward_hook(lambda m, a, o: captured["logits"].append(o.logits[0, -1].clone()))
+    ref.talker.generate = spy
+    try:
+        seq, _wav = ref.generate(**inputs, thinker_do_sample=False, talker_do_sample=False,
+                                 thinker_eos_token_id=stack.tokenizer.special_ids["im_end"],
+                                 talker_eos_token_id=list(stack.config.talker.stop_ids), **kwargs)
+    finally:
+        ref.talker.generate = orig_generate
+        hook.remove()
+    stops = set(stack.config.talker.stop_ids)
+    codes = captured["codes"]
+    codes = codes[:next((i for i, c in enumerate(codes) if c in stops), len(codes))]
+    return seq[0, inputs["input_ids"].shape[1]:].tolist(), codes, captured["logits"]
+
+
 @torch.inference_mode()
 def test_greedy_thinker_and_talker_ids_equal_reference(loaded, speech_like):
     stack, ref = loaded
     wave = speech_like(1.7, seed=2)
-    inputs = _reference_inputs(stack, wave)
-    tcfg = stack.config.talker
-    stop = stack.tokenizer.special_ids["im_end"]
-
-    captured = {"codes": None, "logits": []}
-    orig_generate = ref.talker.generate
-
-    def spy_generate(*args, **kwargs):
-        result = orig_generate(*args, **kwargs)
-        captured["codes"] = result
-        captured["prompt_len"] = kwargs["input_ids"].shape[1]
-        return result
-
-    hook = ref.talker.register_forward_hook(lambda m, a, o: captured["logits"].append(o.logits[0, -1].clone()))
-    ref.talker.generate = spy_generate
-    try:
-        torch.manual_seed(0)
-        seq, _wav = ref.generate(**inputs, speaker="Ethan", thinker_max_new_tokens=12, thinker_do_sample=False,
-                                 thinker_eos_token_id=stop, talker_max_new_tokens=30, talker_do_sample=False,
-                                 talker_eos_token_id=list(tcfg.stop_ids))
-    finally:
-        ref.talker.generate = orig_generate
-        hook.remove()
-    ref_text = seq[0, inputs["input_ids"].shape[1]:].tolist()
-    ref_codes = captured["codes"][0, captured["prompt_len"]:].tolist()
-    stops = set(tcfg.stop_ids)
-    ref_codes = ref_codes[:next((i for i, c in enumerate(ref_codes) if c in stops), len(ref_codes))]
-
+    ref_text, ref_codes, _ = _reference_generate(stack, ref, _reference_inputs(stack, wave), speaker="Ethan",
+                                                 thinker_max_new_tokens=12, talker_max_new_tokens=30)
     reply = generate_reply(stack, wave, voice="Ethan", thinker_sampling=SamplingParams(greedy=True),
                            talker_sampling=talker_defaults(stack, greedy=True), max_text_tokens=12,
                            max_codec_tokens=30)
@@ -117,28 +116,10 @@ def test_talker_logits_match_reference(loaded, speech_like):
     """Talker logits for the prompt and each step, fed the same codes as the reference."""
     stack, ref = loaded
     wave = speech_like(1.1, seed=3)
-    inputs = _reference_inputs(stack, wave)
     tcfg = stack.config.talker
-    stop = stack.tokenizer.special_ids["im_end"]
-    ref_logits = []
-    hook = ref.talker.register_forward_hook(lambda m, a, o: ref_logits.append(o.logits[0, -1].clone()))
-    orig_generate = ref.talker.generate
-    captured = {}
-
-    def spy(*args, **kwargs):
-        result = orig_generate(*args, **kwargs)
-        captured["codes"] = result[0, kwargs["input_ids"].shape[1]:].tolist()
-        return result
-
-    ref.talker.generate = spy
-    try:
-        seq, _ = ref.generate(**inputs, thinker_max_new_tokens=8, thinker_do_sample=False, thinker_eos_token_id=stop,
-                              talker_max_new_tokens=15, talker_min_new_tokens=15, talker_do_sample=False,
-                              talker_eos_token_id=list(tcfg.stop_ids))
-    finally:
-        ref.talker.generate = orig_generate
-        hook.remove()
-    text_ids = seq[0, inputs["input_ids"].shape[1]:].tolist()
+    text_ids, codes, ref_logits = _reference_generate(stack, ref, _reference_inputs(stack, wave),
+                                                      thinker_max_new_tokens=8, talker_max_new_tokens=15,
+                                                      talker_min_new_tokens=15)
 
     # Rebuild the talker inputs with our modules from the same thinker run.
     thinker, talker = stack.thinker, stack.talker
@@ -163,7 +144,7 @@ def test_talker_logits_match_reference(loaded, speech_like):
     tcache = talker.new_cache(prompt.shape[0] + 32)
     logits = talker(prompt, tcache)[-1]
     diffs = [(logits - ref_logits[0]).abs().max().item()]
-    for step, code in enumerate(captured["codes"][:len(ref_logits) - 1]):
+    for step, code in enumerate(codes[:len(ref_logits) - 1]):
         logits = talker(talker.step_input(code, feed.next()), tcache)[-1]
         diffs.append((logits - ref_logits[step + 1]).abs().max().item())
     assert len(diffs) >= 10
