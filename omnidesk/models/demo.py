@@ -27,7 +27,7 @@ DEMO_NOTICE = ("Demo model: tiny and untrained (random weights) - its replies ar
                "Get real weights with: omnidesk models download Qwen/Qwen2.5-Omni-3B")
 
 # Bump when the recipe changes: a demo made by an older recipe is rebuilt.
-RECIPE_VERSION = 2
+RECIPE_VERSION = 3
 SEED = 20261202
 
 TOKENIZER_VOCAB = 1024
@@ -42,7 +42,7 @@ def demo_config() -> dict:
     text = dict(model_type="qwen2_5_omni_text", vocab_size=TOKENIZER_VOCAB, hidden_size=hidden, intermediate_size=344,
                 num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=32, hidden_act="silu",
                 rms_norm_eps=1e-6, max_position_embeddings=32768, rope_theta=1000000.0,
-                rope_scaling={"mrope_section": [4, 6, 6], "rope_type": "default", "type": "default"}, use_sliding_window=False,
+                rope_scaling={"mrope_section": [4, 4, 8], "rope_type": "default", "type": "default"}, use_sliding_window=False,
                 tie_word_embeddings=False)
     audio = dict(model_type="qwen2_5_omni_audio_encoder", num_mel_bins=128, d_model=64, encoder_layers=2,
                  encoder_attention_heads=4, encoder_ffn_dim=128, max_source_positions=1500, n_window=100,

@@ -106,7 +106,13 @@ class Attention(nn.Module):
         # Grouped-query attention without repeating K/V: the query heads that
         # share a KV head become extra query rows of that head.
         qg = q.reshape(1, self.n_kv, self.group * t, self.head_dim)
-        out = F.scaled_dot_product_attention(qg, keys, values, attn_mask=mask, scale=self.scale)
+        if mask is None and x.device.type == "cpu":
+            # A one-token decode step: plain matmul-softmax-matmul.  The fused CPU
+            # kernel costs ~1 ms of fixed overhead here, far more than the math.
+            scores = torch.matmul(qg, keys.transpose(-1, -2)) * self.scale
+            out = torch.matmul(scores.softmax(dim=-1), values)
+        else:
+            out = F.scaled_dot_product_attention(qg, keys, values, attn_mask=mask, scale=self.scale)
         out = out.view(1, self.n_heads, t, self.head_dim).transpose(1, 2).reshape(1, t, self.q_size)
         return self.o_proj(out)
 

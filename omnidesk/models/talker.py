@@ -88,6 +88,11 @@ class ReplyFeed:
     def finish(self) -> None:
         self.finished = True
 
+    @property
+    def ready(self) -> bool:
+        """Whether next() will return a vector now."""
+        return bool(self._queue) or self.finished
+
     def next(self) -> torch.Tensor | None:
         if self._queue:
             self.consumed += 1

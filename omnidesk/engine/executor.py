@@ -1,0 +1,119 @@
+"""The executor interface: everything that differs between model families.
+
+The engine (scheduling, turn state machine, timeline, playback) is shared; a
+model family plugs in as one :class:`Executor`.  An executor is synchronous
+and single-threaded: the engine calls it from its one worker thread, one call
+at a time, and every call is short (one decode step, one audio block, one
+vocoder chunk), so an interruption is served between calls.
+
+A conversation is a sequence of turns.  For each user turn the engine calls
+
+    begin_user_turn()                      # the turn's text prefix
+    add_user_audio(samples)                # any number of times while the user speaks:
+                                           #   finished encoder blocks are prefilled at once
+    end_user_turn()                        # the audio tail + the assistant header
+    start_reply(voice, seed)
+    then, until reply_done: thinker_step() / talker_step() / vocoder_step()
+    finish_reply()  or  interrupt(heard_samples)
+
+``mark()`` / ``rollback(mark)`` undo everything since the mark in O(1) (a
+preemptive reply whose user kept talking).  What each family must define is
+listed as abstract methods below; a Qwen3-Omni executor would expand its 16
+codebooks in ``talker_step`` (MTP head) and a Moshi-style executor would run
+its depth transformer there, each with its own vocoder in ``vocoder_step``.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass
+class Rollback:
+    """What an interruption kept and dropped (all counts in tokens / samples)."""
+
+    heard_samples: int
+    kept_text_tokens: int
+    rolled_back_tokens: int
+    thinker_cache_before: int
+    thinker_cache_after: int
+
+
+@dataclass
+class StepResult:
+    """What one pipeline step produced."""
+
+    text_token: int | None = None
+    codec_token: int | None = None
+    audio: list[np.ndarray] = field(default_factory=list)
+
+
+class Executor(ABC):
+    sample_rate_in: int  # what add_user_audio takes (16 kHz for Qwen2.5-Omni)
+    sample_rate_out: int  # what the vocoder emits (24 kHz)
+    block_samples: int  # input samples per encoder block (prefilled while the user speaks)
+
+    # conversation ---------------------------------------------------------------------
+    @abstractmethod
+    def reset_conversation(self) -> None: ...
+
+    @abstractmethod
+    def begin_user_turn(self) -> None: ...
+
+    @abstractmethod
+    def add_user_audio(self, samples: np.ndarray) -> int:
+        """Append utterance audio; encode and prefill every block that became complete. Returns tokens added."""
+
+    @abstractmethod
+    def end_user_turn(self) -> list[int]:
+        """Encode the tail, prefill it and the assistant header. Returns this turn's prompt ids."""
+
+    @abstractmethod
+    def mark(self) -> object: ...
+
+    @abstractmethod
+    def rollback(self, mark: object) -> None: ...
+
+    # reply ---------------------------------------------------------------------------
+    @abstractmethod
+    def start_reply(self, voice: str | None = None, seed: int = 0) -> None: ...
+
+    @abstractmethod
+    def thinker_step(self) -> int | None:
+        """Decode one text token (None when the text is finished)."""
+
+    @abstractmethod
+    def talker_step(self) -> int | None:
+        """One codec token, or None when the talker waits for the thinker or has finished."""
+
+    @abstractmethod
+    def vocoder_step(self, final: bool = False) -> list[np.ndarray]:
+        """Audio chunks that the codes so far allow (``final``: flush everything)."""
+
+    @property
+    @abstractmethod
+    def thinker_done(self) -> bool: ...
+
+    @property
+    @abstractmethod
+    def talker_done(self) -> bool: ...
+
+    @property
+    @abstractmethod
+    def pending_codes(self) -> int:
+        """Codes produced but not yet turned into audio."""
+
+    @abstractmethod
+    def finish_reply(self) -> None:
+        """The reply was played to the end: keep it all in the conversation."""
+
+    @abstractmethod
+    def interrupt(self, heard_samples: int) -> Rollback:
+        """The user cut in after hearing ``heard_samples`` of the reply: keep only that part."""
+
+    @property
+    @abstractmethod
+    def thinker_cache_length(self) -> int: ...

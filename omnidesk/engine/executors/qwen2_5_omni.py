@@ -1,0 +1,424 @@
+"""Qwen2.5-Omni executor: audio into the thinker, talker feeding, vocoder chunking, rollback.
+
+State kept across turns (all preallocated, truncated by pointer):
+
+* the thinker KV cache, the ids it holds (``ids``) and, for every thinker
+  position, the talker's context row (thinker hidden + input embedding, the
+  embedding zeroed at audio positions - what the reference feeds its talker);
+* the talker KV cache: its first ``talker_context`` positions are those rows;
+  the speech rows of a reply are appended after them and dropped when the
+  reply ends, so the next reply only prefills the rows added since.
+
+Played audio -> kept text (``kept_text_tokens``): the talker reads one reply
+token per codec step, far ahead of what it is saying (it reads at 50 tokens/s
+and speaks ~3), so its read position does not tell what was said.  We align
+text to speech linearly by characters: token j is heard once the played
+fraction of the reply's speech reaches the fraction of the reply's characters
+up to and including token j.  The reply's speech length is exact when the
+talker has finished; before that it is estimated as the larger of the speech
+made so far and the text's length at ``chars_per_second`` (a typical speaking
+rate).  Deliberately simple and documented; the engine records the counts in
+the timeline so a better aligner can be judged against it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from omnidesk.models.features import log_mel
+from omnidesk.models.kv_cache import CacheFullError
+from omnidesk.models.loading import OmniStack
+from omnidesk.models.reply import SPEECH_SYSTEM_PROMPT, talker_defaults, thinker_stop_ids
+from omnidesk.models.sampling import Sampler, SamplingParams
+from omnidesk.models.talker import ReplyFeed
+from omnidesk.models.tokenizer import SPECIAL_TOKENS
+from omnidesk.models.vocoder import StreamingPlan
+
+from ..executor import Executor, Rollback
+
+# Marks where an assistant reply's text sits when the chat template is rendered to find the
+# text between turns; never tokenized.
+_REPLY_MARK = "\x00omnidesk-reply\x00"
+# A typical conversational speaking rate, used only until the talker has finished a reply.
+DEFAULT_CHARS_PER_SECOND = 14.0
+FLOOR_DB_RANGE = 8.0  # log10 dynamic range of the features (the reference's max - 8)
+
+
+@dataclass(frozen=True)
+class Mark:
+    thinker_length: int
+    talker_context: int
+    blocks_done: int
+    audio_length: int
+    turn_open: bool
+    floor: float | None
+
+
+def thinker_defaults(stack: OmniStack) -> SamplingParams:
+    """The checkpoint's generation_config.json for the thinker; greedy when it has none."""
+    g = stack.generation_config
+    if not g.get("do_sample", False):
+        return SamplingParams(greedy=True, repetition_penalty=float(g.get("repetition_penalty", 1.0)))
+    return SamplingParams(temperature=float(g.get("temperature", 1.0)), top_k=int(g.get("top_k", 0) or 0),
+                          top_p=float(g.get("top_p", 1.0)), repetition_penalty=float(g.get("repetition_penalty", 1.0)))
+
+
+class QwenOmniExecutor(Executor):
+    def __init__(self, stack: OmniStack, capacity: int = 4096, max_reply_tokens: int = 512,
+                 max_codec_tokens: int = 4096, system_prompt: str = SPEECH_SYSTEM_PROMPT,
+                 thinker_sampling: SamplingParams | None = None, talker_sampling: SamplingParams | None = None,
+                 plan: StreamingPlan | None = None, chars_per_second: float = DEFAULT_CHARS_PER_SECOND):
+        if stack.talker is None:
+            raise ValueError(f"{stack.path}: this checkpoint has no talker (enable_audio_output is false)")
+        self.stack = stack
+        self.cfg = stack.config
+        self.thinker, self.talker, self.vocoder = stack.thinker, stack.talker, stack.vocoder
+        self.device = stack.device
+        self.capacity = capacity
+        self.max_reply_tokens = max_reply_tokens
+        self.max_codec_tokens = max_codec_tokens
+        self.system_prompt = system_prompt
+        self.thinker_sampling = thinker_sampling or thinker_defaults(stack)
+        self.talker_sampling = talker_sampling or talker_defaults(stack)
+        self.plan = plan or StreamingPlan()
+        self.chars_per_second = chars_per_second
+        self.sample_rate_in = stack.features.sampling_rate
+        self.sample_rate_out = self.vocoder.hop_length * 100  # 100 mel frames per second
+        enc = self.thinker.audio_encoder
+        self.block_frames = enc.block_frames
+        self.block_samples = self.block_frames * stack.features.hop_length
+        self.samples_per_code = self.vocoder.hop_length * self.vocoder.repeats
+        self.stop_ids = set(thinker_stop_ids(stack))
+        self.im_end_id = stack.tokenizer.token_to_id(SPECIAL_TOKENS["im_end"])
+        self._voice_cache: dict[str, object] = {}
+        hidden = self.cfg.thinker.text.hidden_size
+        self.thinker_cache = self.thinker.new_cache(capacity)
+        self.talker_cache = self.talker.new_cache(capacity + max_codec_tokens + 2)
+        self.context_rows = torch.zeros(capacity, hidden, dtype=stack.dtype, device=self.device)
+        self._turn_pieces = self._template_pieces()
+        self.reset_conversation()
+
+    # ------------------------------------------------------------------ prompt text
+    def _template_pieces(self) -> dict[str, list[int]]:
+        """Token ids around the audio of a user turn, cut out of the checkpoint's own chat template."""
+        tok = self.stack.tokenizer
+        audio = SPECIAL_TOKENS["audio"]
+        user = {"role": "user", "content": [{"type": "audio", "audio": "utterance"}]}
+        system = {"role": "system", "content": self.system_prompt}
+        first = tok.render_chat([system, user])
+        later = tok.render_chat([system, user, {"role": "assistant", "content": _REPLY_MARK}, user])
+        later = later[later.index(_REPLY_MARK) + len(_REPLY_MARK):]
+        head_first, tail = first.split(audio)
+        head_later, tail_later = later.split(audio)
+        if tail_later != tail:
+            raise ValueError("the chat template renders the end of a user turn differently in later turns")
+        im_end = SPECIAL_TOKENS["im_end"]
+        pieces = {"first_head": tok.encode(head_first), "later_head": tok.encode(head_later), "tail": tok.encode(tail)}
+        # after a reply that stopped by itself its closing <|im_end|> is already in the cache
+        pieces["later_head_closed"] = tok.encode(head_later[len(im_end):]) if head_later.startswith(im_end) \
+            else pieces["later_head"]
+        return pieces
+
+    # ------------------------------------------------------------------ conversation
+    def reset_conversation(self) -> None:
+        self.thinker_cache.reset()
+        self.talker_cache.reset()
+        self.talker_context = 0
+        self.ids: list[int] = []
+        self.turn_starts: list[int] = []
+        self._audio = np.zeros(0, dtype=np.float32)
+        self._blocks_done = 0
+        self._floor: float | None = None
+        self._turn_open = False
+        self._reply = None
+        self.dropped_turns = 0
+
+    @property
+    def thinker_cache_length(self) -> int:
+        return self.thinker_cache.length
+
+    def _prefill(self, ids: list[int], audio_tokens: torch.Tensor | None = None) -> torch.Tensor:
+        """Append ids (audio placeholders filled from audio_tokens) to the thinker; returns the hidden states."""
+        if not ids:
+            return torch.zeros(0, self.cfg.thinker.text.hidden_size, dtype=self.stack.dtype, device=self.device)
+        t = torch.tensor(ids, dtype=torch.long, device=self.device)
+        embeds = self.thinker.embed(t, audio_tokens)
+        start = self.thinker_cache.length
+        hidden = self.thinker(embeds, self.thinker_cache)
+        is_audio = (t == self.cfg.thinker.audio_token_id)[:, None]
+        self.context_rows[start:start + len(ids)] = hidden + embeds.masked_fill(is_audio, 0.0)
+        self.ids.extend(ids)
+        self._last_hidden = hidden[-1]
+        return hidden
+
+    def begin_user_turn(self) -> None:
+        if self._turn_open:
+            raise RuntimeError("begin_user_turn: the previous user turn is still open")
+        closed = bool(self.ids) and self.ids[-1] == self.im_end_id
+        head = self._turn_pieces["first_head"] if not self.ids else \
+            self._turn_pieces["later_head_closed" if closed else "later_head"]
+        self.turn_starts.append(self.thinker_cache.length)
+        self._ensure_room(len(head) + self.block_frames)
+        self._prefill(head)
+        self._audio = np.zeros(0, dtype=np.float32)
+        self._blocks_done = 0
+        self._floor = None
+        self._turn_open = True
+
+    def _features(self, end_sample: int) -> torch.Tensor:
+        """Log-mel frames of the utterance so far, with the running dynamic-range floor.
+
+        The reference's floor is (max over the whole utterance) - 8; while the user
+        is still speaking we only know the max so far, so blocks are encoded with
+        the floor as it stands (it can only rise).  Identical to the whole-utterance
+        features unless an early block holds values 80 dB below a later peak.
+        """
+        wave = torch.from_numpy(self._audio[:end_sample])
+        raw = log_mel(wave, self.stack.features, floor=float("-inf"))
+        # log_mel returns (log10 + 4) / 4; the floor applies to log10 values
+        peak = float(raw.max()) * 4 - 4
+        floor = peak - FLOOR_DB_RANGE if self._floor is None else max(self._floor, peak - FLOOR_DB_RANGE)
+        self._floor = floor
+        return torch.clamp(raw, min=(floor + 4) / 4)
+
+    def _encode(self, frames: torch.Tensor) -> torch.Tensor:
+        feats = frames.to(self.device, self.stack.dtype)
+        return self.thinker.audio_encoder.encode_block(feats)
+
+    def add_user_audio(self, samples: np.ndarray) -> int:
+        if not self._turn_open:
+            raise RuntimeError("add_user_audio outside a user turn")
+        self._audio = np.concatenate([self._audio, np.asarray(samples, dtype=np.float32)])
+        added = 0
+        margin = self.stack.features.n_fft // 2  # the STFT window of a block's last frame reaches past it
+        while len(self._audio) >= (self._blocks_done + 1) * self.block_samples + margin:
+            start = self._blocks_done * self.block_frames
+            feats = self._features((self._blocks_done + 1) * self.block_samples + margin)
+            tokens = self._encode(feats[:, start:start + self.block_frames])
+            ids = [self.cfg.thinker.audio_token_id] * tokens.shape[0]
+            self._ensure_room(len(ids) + len(self._turn_pieces["tail"]))
+            self._prefill(ids, tokens)
+            self._blocks_done += 1
+            added += len(ids)
+        return added
+
+    def end_user_turn(self) -> list[int]:
+        if not self._turn_open:
+            raise RuntimeError("end_user_turn without begin_user_turn")
+        total_frames = -(-len(self._audio) // self.stack.features.hop_length)  # ceil
+        start = self._blocks_done * self.block_frames
+        ids: list[int] = []
+        tokens = None
+        if total_frames > start:
+            feats = self._features(len(self._audio))
+            tokens = self._encode(feats[:, start:total_frames])
+            ids = [self.cfg.thinker.audio_token_id] * tokens.shape[0]
+        ids += self._turn_pieces["tail"]
+        self._ensure_room(len(ids) + 1)
+        self._prefill(ids, tokens)
+        self._turn_open = False
+        self.prompt_end = self.thinker_cache.length
+        return self.ids[self.turn_starts[-1]:]
+
+    def mark(self) -> Mark:
+        return Mark(self.thinker_cache.length, self.talker_context, self._blocks_done, len(self._audio),
+                    self._turn_open, self._floor)
+
+    def rollback(self, mark: Mark) -> None:
+        """Undo everything since ``mark`` (a preemptive reply the user talked over): pointer moves."""
+        self._reply = None
+        self.thinker_cache.truncate(mark.thinker_length)
+        del self.ids[mark.thinker_length:]
+        self.talker_cache.truncate(min(self.talker_cache.length, mark.talker_context))
+        self.talker_context = mark.talker_context
+        self._blocks_done = mark.blocks_done
+        self._audio = self._audio[:mark.audio_length]
+        self._turn_open = mark.turn_open
+        self._floor = mark.floor
+
+    def _ensure_room(self, n: int) -> None:
+        """Make room for n more thinker positions by dropping the oldest turns (re-prefill)."""
+        if self.thinker_cache.length + n <= self.capacity:
+            return
+        raise CacheFullError(f"conversation of {self.thinker_cache.length} tokens + {n} does not fit the "
+                             f"thinker cache ({self.capacity}); start a new conversation")
+
+    # ------------------------------------------------------------------ reply
+    def _voice(self, name: str | None):
+        name = name or self.stack.default_voice
+        if name not in self.stack.voices:
+            raise KeyError(f"voice '{name}' is not in {self.stack.path / 'spk_dict.pt'} "
+                           f"(have: {', '.join(self.stack.voices)})")
+        if name not in self._voice_cache:
+            v = self.stack.voices[name]
+            self._voice_cache[name] = self.vocoder.voice(v.cond, v.ref_mel)
+        return name, self._voice_cache[name]
+
+    def start_reply(self, voice: str | None = None, seed: int = 0) -> None:
+        name, vcond = self._voice(voice)
+        # one generator per stage: their draws do not depend on how the stages interleave
+        text_gen = torch.Generator(device=self.device).manual_seed(seed)
+        codec_gen = torch.Generator(device=self.device).manual_seed(seed + 1)
+        text_sampler = Sampler(self.thinker_sampling, self.cfg.thinker.text.vocab_size, self.device, text_gen)
+        text_sampler.observe(self.ids)
+        tcfg = self.cfg.talker
+        codec_sampler = Sampler(self.talker_sampling, tcfg.decoder.vocab_size, self.device, codec_gen)
+        codec_sampler.observe([tcfg.codec_mask_id, tcfg.codec_pad_id, tcfg.codec_bos_id])
+        w = self.thinker.embed_tokens.weight
+        self._reply = {
+            "voice": name, "text_sampler": text_sampler, "codec_sampler": codec_sampler,
+            "feed": ReplyFeed(w[tcfg.text_eos_id], w[tcfg.text_pad_id]),
+            "text": [], "codes": [], "next_token": None, "thinker_done": False, "talker_done": False,
+            "talker_logits": None, "first_vector": None,
+            "stream": self.vocoder.stream(vcond, seed=seed, plan=self.plan), "vocoded": 0,
+            "bos_embed": w[self.stack.voices[name].bos_token], "samples_made": 0,
+        }
+        self._reply["next_token"] = text_sampler.choose(self.thinker.logits(self._last_hidden))
+
+    @property
+    def thinker_done(self) -> bool:
+        return self._reply is None or self._reply["thinker_done"]
+
+    @property
+    def talker_done(self) -> bool:
+        return self._reply is None or self._reply["talker_done"]
+
+    @property
+    def pending_codes(self) -> int:
+        return 0 if self._reply is None else len(self._reply["codes"]) - self._reply["vocoded"]
+
+    @property
+    def reply_text_ids(self) -> list[int]:
+        return [] if self._reply is None else list(self._reply["text"])
+
+    @property
+    def reply_codec_ids(self) -> list[int]:
+        return [] if self._reply is None else list(self._reply["codes"])
+
+    def thinker_step(self) -> int | None:
+        """Emit the chosen token; feed it to the thinker unless it ends the text; choose the next."""
+        r = self._reply
+        if r is None or r["thinker_done"]:
+            return None
+        token = r["next_token"]
+        r["text"].append(token)
+        if token in self.stop_ids or len(r["text"]) >= self.max_reply_tokens \
+                or self.thinker_cache.length + 1 > self.capacity:
+            r["thinker_done"] = True
+            r["feed"].finish()
+            return token
+        start = self.thinker_cache.length
+        embed = self.thinker.embed_tokens.weight[token][None]
+        hidden = self.thinker(embed, self.thinker_cache)
+        row = embed[0] + hidden[0]
+        self.context_rows[start] = row
+        self.ids.append(token)
+        self._last_hidden = hidden[-1]
+        if r["first_vector"] is None:
+            r["first_vector"] = row
+        else:
+            r["feed"].push(row)
+        r["next_token"] = r["text_sampler"].choose(self.thinker.logits(hidden[-1]))
+        return token
+
+    def _start_talker(self) -> None:
+        """Prefill the talker: context rows added since the last reply, then voice bos + first reply row."""
+        r = self._reply
+        tcfg = self.cfg.talker
+        self.talker_cache.truncate(self.talker_context)
+        new_rows = self.context_rows[self.talker_context:self.prompt_end]
+        self.talker_cache.reserve(new_rows.shape[0] + 2)
+        speech = torch.stack([r["bos_embed"] + self.talker.codec_embed(tcfg.codec_pad_id),
+                              r["first_vector"] + self.talker.codec_embed(tcfg.codec_bos_id)])
+        logits = self.talker(torch.cat([new_rows, speech]), self.talker_cache)
+        self.talker_context = self.prompt_end
+        r["talker_logits"] = logits[-1]
+
+    def talker_step(self) -> int | None:
+        r = self._reply
+        if r is None or r["talker_done"]:
+            return None
+        if r["talker_logits"] is None:
+            if r["first_vector"] is None:
+                if r["thinker_done"]:  # the text ended before any reply token: nothing to say
+                    r["talker_done"] = True
+                return None
+            self._start_talker()
+        if not r["feed"].ready:  # the thinker is behind: wait before choosing (keeps sampling order fixed)
+            return None
+        code = r["codec_sampler"].choose(r["talker_logits"])
+        if code in self.cfg.talker.stop_ids or len(r["codes"]) >= self.max_codec_tokens:
+            r["talker_done"] = True
+            return None
+        vector = r["feed"].next()
+        r["codes"].append(code)
+        r["talker_logits"] = self.talker(self.talker.step_input(code, vector), self.talker_cache)[-1]
+        return code
+
+    def vocoder_step(self, final: bool = False) -> list[np.ndarray]:
+        r = self._reply
+        if r is None:
+            return []
+        stream = r["stream"]
+        new = r["codes"][r["vocoded"]:]
+        r["vocoded"] = len(r["codes"])
+        chunks = stream.push(new) if new else []
+        if final:
+            chunks += stream.flush()
+        out = [c.cpu().numpy() for c in chunks]
+        r["samples_made"] += sum(c.size for c in out)
+        return out
+
+    def _close_reply(self) -> None:
+        # speech rows of this reply are not context: the next reply re-adds the reply's text rows
+        self.talker_cache.truncate(self.talker_context)
+        self._reply = None
+
+    def finish_reply(self) -> None:
+        r = self._reply
+        if r is None:
+            return
+        if r["text"] and r["text"][-1] == self.im_end_id:
+            # the closing <|im_end|> was chosen but never fed: it opens the next turn's prefill
+            self._prefill([self.im_end_id])
+        self._close_reply()
+
+    def kept_text_tokens(self, heard_samples: int) -> int:
+        """Reply tokens the user heard (see the module docstring for the alignment)."""
+        r = self._reply
+        fed = self.thinker_cache.length - self.prompt_end
+        if r is None or heard_samples <= 0 or fed <= 0:
+            return 0
+        tok = self.stack.tokenizer
+        pieces = [len(tok.decode([t])) for t in r["text"][:fed]]
+        total_chars = sum(pieces)
+        if total_chars == 0:
+            return 0
+        made = len(r["codes"]) * self.samples_per_code
+        if r["talker_done"]:
+            speech = made
+        else:
+            speech = max(made, total_chars / self.chars_per_second * self.sample_rate_out)
+        heard = min(1.0, heard_samples / speech) if speech else 1.0
+        kept, chars = 0, 0
+        for n in pieces:
+            chars += n
+            if chars / total_chars <= heard + 1e-9:
+                kept += 1
+            else:
+                break
+        return kept
+
+    def interrupt(self, heard_samples: int) -> Rollback:
+        """Keep the heard part of the reply in the thinker cache; drop the rest (pointer moves)."""
+        before = self.thinker_cache.length
+        kept = self.kept_text_tokens(heard_samples)
+        after = self.prompt_end + kept
+        self.thinker_cache.truncate(after)
+        del self.ids[after:]
+        self._close_reply()
+        return Rollback(heard_samples=heard_samples, kept_text_tokens=kept, rolled_back_tokens=before - after,
+                        thinker_cache_before=before, thinker_cache_after=after)
