@@ -30,10 +30,10 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * h.to(dtype)
+        # normalise in fp32, scale in the model dtype (as the reference); no casts in fp32
+        h = x if x.dtype == torch.float32 else x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True).add_(self.eps))
+        return self.weight * (h if x.dtype == torch.float32 else h.to(x.dtype))
 
 
 class MultimodalRotary(nn.Module):
@@ -56,6 +56,18 @@ class MultimodalRotary(nn.Module):
                           for i, n in enumerate(cfg.mrope_section)])
         self.register_buffer("inv_freq", inv_freq, persistent=False)
         self.register_buffer("axis", axis, persistent=False)
+
+    def table(self, length: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [length, head_dim] for positions 0..length-1 equal on all three axes (text and audio).
+
+        Kept and grown by doubling, so a decode step slices it instead of computing angles."""
+        cached = getattr(self, "_table", None)
+        if (cached is None or cached[0].shape[0] < length or cached[0].dtype != dtype
+                or cached[0].device != self.inv_freq.device):
+            n = max(length, 2 * cached[0].shape[0] if cached is not None else 256)
+            pos = torch.arange(n, device=self.inv_freq.device).unsqueeze(0).expand(3, -1)
+            self._table = self(pos, dtype)
+        return self._table
 
     def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """positions: [3, T] long -> cos, sin: [T, head_dim]."""
@@ -90,9 +102,10 @@ class Attention(nn.Module):
     def forward(self, x, cos, sin, cache: KVCache, start: int, kv_len: int | None,
                 input_pos: torch.Tensor | None, mask: torch.Tensor | None) -> torch.Tensor:
         _, t, _ = x.shape
-        q, k, v = self.wqkv(x).split((self.q_size, self.kv_size, self.kv_size), dim=-1)
-        q = apply_rotary(q.view(1, t, self.n_heads, self.head_dim).transpose(1, 2), cos, sin)
-        k = apply_rotary(k.view(1, t, self.n_kv, self.head_dim).transpose(1, 2), cos, sin)
+        qk, v = self.wqkv(x).split((self.q_size + self.kv_size, self.kv_size), dim=-1)
+        # q and k heads rotated in one go
+        qk = apply_rotary(qk.view(1, t, self.n_heads + self.n_kv, self.head_dim).transpose(1, 2), cos, sin)
+        q, k = qk[:, :self.n_heads], qk[:, self.n_heads:]
         v = v.view(1, t, self.n_kv, self.head_dim).transpose(1, 2)
         ck, cv = cache.k[self.layer_idx], cache.v[self.layer_idx]
         if input_pos is None:
@@ -167,15 +180,17 @@ class Decoder(nn.Module):
         t = x.shape[1]
         start = cache.reserve(t)
         kv_len = start + t
-        pos = torch.arange(start, kv_len, device=x.device)
         mask = None
         if t > 1:
+            pos = torch.arange(start, kv_len, device=x.device)
             # causal inside the new chunk, everything before it visible
             causal = torch.arange(kv_len, device=x.device)[None, :] <= pos[:, None]
             mask = causal.repeat(self.group, 1)
         if rope_positions is None:
-            rope_positions = pos.unsqueeze(0).expand(3, -1)
-        cos, sin = self.rotary(rope_positions, x.dtype)
+            cos, sin = self.rotary.table(kv_len, x.dtype)
+            cos, sin = cos[start:kv_len], sin[start:kv_len]
+        else:
+            cos, sin = self.rotary(rope_positions, x.dtype)
         for layer in self.layers:
             x = layer(x, cos, sin, cache, start, kv_len, None, mask)
         cache.length = kv_len
@@ -187,8 +202,10 @@ class Decoder(nn.Module):
         valid = torch.arange(cache.capacity, device=x.device)[None, :] <= input_pos[:, None]
         mask = valid.repeat(self.group, 1)
         if rope_positions is None:
-            rope_positions = input_pos.unsqueeze(0).expand(3, -1)
-        cos, sin = self.rotary(rope_positions, x.dtype)
+            cos, sin = self.rotary.table(cache.capacity, x.dtype)
+            cos, sin = cos.index_select(0, input_pos), sin.index_select(0, input_pos)
+        else:
+            cos, sin = self.rotary(rope_positions, x.dtype)
         for layer in self.layers:
             x = layer(x, cos, sin, cache, 0, None, input_pos, mask)
         return self.norm(x)

@@ -1,0 +1,1 @@
+"""The conversation engine: turn state machine, endpointing, timeline, executors, playback."""

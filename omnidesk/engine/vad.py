@@ -1,0 +1,375 @@
+"""Speech detection and endpointing on 16 kHz float32 mono microphone frames.
+
+Two layers:
+
+* a :class:`SpeechDetector` says whether one frame holds speech
+  (:class:`EnergyVAD` here; a webrtcvad-backed one plugs in with the same
+  ``is_speech`` method);
+* the :class:`Endpointer` turns that per-frame decision into turn events and
+  keeps the utterance audio.
+
+Events, in the order one utterance produces them::
+
+    SpeechOnset -> (OnsetCancelled | SpeechStart) -> [Pause -> Resume]* -> Pause -> Endpoint
+
+``SpeechOnset``/``OnsetCancelled`` let the engine duck playback on the first
+speech frame of a barge-in and un-duck after a cough (the SUSPECTED_BARGE_IN
+state of ARCHITECTURE.md); ``Pause`` is where PREEMPTING starts; ``Endpoint``
+ends the turn.  A forced endpoint (``max_utterance_s``) comes without a Pause.
+
+Times are whatever clock the caller passes to :meth:`Endpointer.push` (the
+session monotonic clock); the endpointer assumes frames are contiguous.
+Nothing here uses threads; every call does O(frame) work.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Protocol, Union
+
+import numpy as np
+
+SAMPLE_RATE = 16000
+# Below this RMS a frame is treated as digital silence; keeps log10 finite.
+_RMS_FLOOR = 1e-10
+
+
+class SpeechDetector(Protocol):
+    """Per-frame speech/non-speech decision on float32 mono frames in [-1, 1]."""
+
+    def is_speech(self, frame: np.ndarray) -> bool: ...
+
+
+def level_dbfs(frame: np.ndarray) -> float:
+    """RMS level of ``frame`` in dBFS (full scale = 1.0; a full-scale sine is -3 dBFS)."""
+    x = np.asarray(frame, dtype=np.float32)
+    if x.size == 0:
+        return 20.0 * math.log10(_RMS_FLOOR)
+    rms = math.sqrt(float(np.dot(x, x)) / x.size)
+    return 20.0 * math.log10(max(rms, _RMS_FLOOR))
+
+
+@dataclass
+class EnergyVADConfig:
+    # Quiet rooms sit around -60..-50 dBFS on a laptop mic, normal speech at
+    # -30..-15 dBFS; -40 separates them without a noise model.
+    threshold_dbfs: float = -40.0
+
+
+class EnergyVAD:
+    """Dependency-free detector: a frame is speech when its RMS is at least the threshold.
+
+    Stateless; good enough for scripted input and tests.  It cannot tell
+    speech from other loud sound (music, the assistant's own echo).
+    """
+
+    def __init__(self, config: EnergyVADConfig | None = None):
+        self.config = config or EnergyVADConfig()
+        # Compare mean squares instead of taking a log per frame.
+        self._threshold_ms = (10.0 ** (self.config.threshold_dbfs / 20.0)) ** 2
+
+    def is_speech(self, frame: np.ndarray) -> bool:
+        x = np.asarray(frame, dtype=np.float32).reshape(-1)
+        if x.size == 0:
+            return False
+        return float(np.dot(x, x)) / x.size >= self._threshold_ms
+
+
+# --------------------------------------------------------------------- events
+
+
+@dataclass(frozen=True)
+class SpeechOnset:
+    """First speech frame of a run that is not yet long enough to start a turn (``t`` = its start)."""
+
+    t: float
+
+
+@dataclass(frozen=True)
+class OnsetCancelled:
+    """The run that began at ``t_onset`` ended before ``speech_start_ms`` (a cough, a click); ``t`` = when."""
+
+    t_onset: float
+    t: float
+
+
+@dataclass(frozen=True)
+class SpeechStart:
+    """A turn started.  ``t`` is back-dated to the first speech frame of the confirming run;
+    ``t_confirmed`` is the end of the frame that confirmed it (when the caller learnt it)."""
+
+    t: float
+    t_confirmed: float
+
+
+@dataclass(frozen=True)
+class Pause:
+    """Silence reached ``preempt_silence_ms``; ``t_speech_end`` = end of the last speech frame."""
+
+    t_speech_end: float
+
+
+@dataclass(frozen=True)
+class Resume:
+    """Speech came back after a Pause, before the endpoint; ``t`` = start of that speech frame."""
+
+    t: float
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """The turn ended.  ``t_endpoint`` = end of the frame that completed the silence (or hit the
+    length limit); ``t_speech_end`` = end of the last speech frame, the moment the user really
+    stopped.  ``forced`` = ended by ``max_utterance_s`` (no Pause precedes it then)."""
+
+    t_endpoint: float
+    t_speech_end: float
+    forced: bool = False
+
+
+EndpointerEvent = Union[SpeechOnset, OnsetCancelled, SpeechStart, Pause, Resume, Endpoint]
+
+
+# --------------------------------------------------------------------- config
+
+
+@dataclass
+class EndpointerConfig:
+    frame_ms: float = 40.0  # nominal (and largest accepted) frame length
+    speech_start_ms: float = 120.0  # consecutive speech needed to start a turn
+    preempt_silence_ms: float = 150.0  # silence after which a reply may be generated speculatively
+    endpoint_silence_ms: float = 400.0  # silence that ends the turn
+    pre_roll_ms: float = 200.0  # audio kept before the first speech frame (soft onsets)
+    max_utterance_s: float = 30.0  # speech start to forced endpoint
+
+    def __post_init__(self):
+        if self.frame_ms <= 0:
+            raise ValueError("frame_ms must be > 0")
+        for name in ("speech_start_ms", "preempt_silence_ms", "endpoint_silence_ms", "pre_roll_ms"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0")
+        if self.preempt_silence_ms > self.endpoint_silence_ms:
+            # The state machine goes USER_SPEAKING -> PREEMPTING -> RESPONDING; a
+            # Pause after the Endpoint would make no sense.
+            raise ValueError("preempt_silence_ms must be <= endpoint_silence_ms")
+        if self.max_utterance_s <= 0:
+            raise ValueError("max_utterance_s must be > 0")
+
+
+# ----------------------------------------------------------------- endpointer
+
+IDLE = "idle"  # waiting for speech (candidate runs are tracked here)
+SPEAKING = "speaking"  # inside an utterance (paused or not)
+ENDED = "ended"  # Endpoint emitted; waiting for reset()
+
+
+class _PreRoll:
+    """Fixed ring of the most recent samples (the audio before a speech start)."""
+
+    def __init__(self, capacity: int):
+        self.buf = np.zeros(max(capacity, 1), dtype=np.float32)
+        self.pos = 0  # next write index
+        self.filled = 0
+
+    def push(self, x: np.ndarray) -> None:
+        cap = self.buf.size
+        if x.size >= cap:
+            x = x[-cap:]
+        n = x.size
+        first = min(n, cap - self.pos)
+        self.buf[self.pos : self.pos + first] = x[:first]
+        self.buf[: n - first] = x[first:]
+        self.pos = (self.pos + n) % cap
+        self.filled = min(cap, self.filled + n)
+
+    def last(self, n: int) -> np.ndarray:
+        n = min(n, self.filled)
+        idx = (np.arange(self.pos - n, self.pos)) % self.buf.size
+        return self.buf[idx]
+
+
+class Endpointer:
+    """Turns per-frame speech decisions into turn events and collects the utterance audio.
+
+    Feed every microphone frame, in order, with :meth:`push`.  State:
+
+    * IDLE: frames go to a pre-roll ring only.  A speech frame opens a
+      candidate run (``SpeechOnset``); ``speech_start_ms`` of consecutive speech
+      confirms it (``SpeechStart``, back-dated to the run's first frame) and
+      the utterance buffer is seeded with the pre-roll plus the run.  A silent
+      frame before that cancels the run (``OnsetCancelled``).
+    * SPEAKING: every frame is appended to the utterance.  Silence of
+      ``preempt_silence_ms`` emits ``Pause``, speech after it ``Resume``,
+      silence of ``endpoint_silence_ms`` (or ``max_utterance_s`` of utterance)
+      emits ``Endpoint``.
+    * ENDED: the utterance is frozen (still readable); frames only feed the
+      pre-roll.  Call :meth:`reset` to listen for the next turn.
+
+    Memory: the pre-roll ring is fixed; the utterance buffer grows by doubling
+    during an utterance (at most ``pre_roll + max_utterance`` plus one frame)
+    and is reused, not freed, by :meth:`reset`.
+    """
+
+    def __init__(self, detector: SpeechDetector, config: EndpointerConfig | None = None,
+                 sample_rate: int = SAMPLE_RATE):
+        self.detector = detector
+        self.config = config = config or EndpointerConfig()
+        self.sample_rate = sample_rate
+        ms = sample_rate / 1000.0
+        self.frame_samples = max(1, round(config.frame_ms * ms))
+        self._speech_start_samples = round(config.speech_start_ms * ms)
+        self._preempt_samples = round(config.preempt_silence_ms * ms)
+        self._endpoint_samples = round(config.endpoint_silence_ms * ms)
+        self._pre_roll_samples = round(config.pre_roll_ms * ms)
+        self._max_samples = round(config.max_utterance_s * sample_rate)
+        # A confirming run is at most speech_start + one frame long; the ring
+        # must hold it plus the pre-roll before it.
+        self._ring = _PreRoll(self._pre_roll_samples + self._speech_start_samples + self.frame_samples)
+        self._utt = np.zeros(0, dtype=np.float32)
+        self.reset()
+
+    # ------------------------------------------------------------ state
+
+    def reset(self) -> None:
+        """Forget the current utterance and listen for the next turn.
+
+        The pre-roll ring is kept: it is real recent audio, so a turn that
+        starts right after the reset still gets its pre-roll."""
+        self.state = IDLE
+        self._utt_len = 0
+        self._pre_roll_len = 0
+        self._run_start: float | None = None  # IDLE: start of the candidate speech run
+        self._run_samples = 0
+        self.speech_start_t: float | None = None
+        self._paused = False
+        self._silence_samples = 0
+        self._speech_samples = 0  # utterance samples after the pre-roll (for max_utterance)
+        self._last_speech_end: float | None = None
+
+    @property
+    def in_utterance(self) -> bool:
+        return self.state == SPEAKING
+
+    @property
+    def paused(self) -> bool:
+        """Inside an utterance and a Pause was emitted with no Resume since."""
+        return self.state == SPEAKING and self._paused
+
+    @property
+    def utterance_samples(self) -> int:
+        """Samples in the utterance buffer so far (pre-roll included)."""
+        return self._utt_len
+
+    @property
+    def pre_roll_samples(self) -> int:
+        """How many samples at the head of the utterance precede the first speech frame."""
+        return self._pre_roll_len
+
+    @property
+    def utterance_start_t(self) -> float | None:
+        """Session time of ``utterance_audio()[0]`` (None outside an utterance)."""
+        if self.speech_start_t is None:
+            return None
+        return self.speech_start_t - self._pre_roll_len / self.sample_rate
+
+    def utterance_audio(self) -> np.ndarray:
+        """Pre-roll + everything from speech start to the last pushed frame (a copy).
+
+        Trailing silence up to the current frame is included; trim with
+        ``Endpoint.t_speech_end`` and :attr:`utterance_start_t` if needed."""
+        return self._utt[: self._utt_len].copy()
+
+    def new_audio_since(self, start: int) -> np.ndarray:
+        """Utterance samples from index ``start`` on (a copy), for taking finished encoder
+        blocks while the user is still speaking: keep your own cursor, e.g.
+        ``while ep.utterance_samples - cur >= block: x = ep.new_audio_since(cur)[:block]; cur += block``."""
+        if start < 0:
+            raise ValueError("start must be >= 0")
+        return self._utt[min(start, self._utt_len) : self._utt_len].copy()
+
+    # ------------------------------------------------------------- push
+
+    def push(self, frame: np.ndarray, t: float) -> list[EndpointerEvent]:
+        """Process one frame that starts at session time ``t``; return the events it caused.
+
+        ``frame`` is float32 mono at ``sample_rate``, at most ``frame_ms`` long
+        (a shorter last frame is fine)."""
+        x = np.asarray(frame, dtype=np.float32).reshape(-1)
+        n = x.size
+        if n > self.frame_samples:
+            raise ValueError(f"frame of {n} samples is longer than frame_ms ({self.frame_samples} samples)")
+        t_end = t + n / self.sample_rate
+        self._ring.push(x)
+        if self.state == ENDED or n == 0:
+            return []
+        speech = bool(self.detector.is_speech(x))
+        if self.state == IDLE:
+            return self._push_idle(speech, n, t, t_end)
+        return self._push_speaking(x, speech, t, t_end)
+
+    def _push_idle(self, speech: bool, n: int, t: float, t_end: float) -> list[EndpointerEvent]:
+        events: list[EndpointerEvent] = []
+        if not speech:
+            if self._run_start is not None:
+                events.append(OnsetCancelled(self._run_start, t))
+                self._run_start, self._run_samples = None, 0
+            return events
+        if self._run_start is None:
+            self._run_start, self._run_samples = t, 0
+            events.append(SpeechOnset(t))
+        self._run_samples += n
+        if self._run_samples < self._speech_start_samples:
+            return events
+        # Confirmed: seed the utterance with pre-roll + the whole run (both in the ring).
+        seed = self._ring.last(self._pre_roll_samples + self._run_samples)
+        self._utt_len = 0
+        self._append(seed)
+        self._pre_roll_len = seed.size - min(self._run_samples, seed.size)
+        self._speech_samples = self._run_samples
+        self.speech_start_t = self._run_start
+        self._last_speech_end = t_end
+        self.state = SPEAKING
+        self._run_start, self._run_samples = None, 0
+        events.append(SpeechStart(self.speech_start_t, t_end))
+        return self._check_max(events, t_end)
+
+    def _push_speaking(self, x: np.ndarray, speech: bool, t: float, t_end: float) -> list[EndpointerEvent]:
+        events: list[EndpointerEvent] = []
+        self._append(x)
+        self._speech_samples += x.size
+        if speech:
+            if self._paused:
+                events.append(Resume(t))
+                self._paused = False
+            self._silence_samples = 0
+            self._last_speech_end = t_end
+        else:
+            self._silence_samples += x.size
+            if not self._paused and self._silence_samples >= self._preempt_samples:
+                self._paused = True
+                events.append(Pause(self._last_speech_end))
+            if self._silence_samples >= self._endpoint_samples:
+                events.append(Endpoint(t_end, self._last_speech_end))
+                self.state = ENDED
+                return events
+        return self._check_max(events, t_end)
+
+    def _check_max(self, events: list[EndpointerEvent], t_end: float) -> list[EndpointerEvent]:
+        if self.state == SPEAKING and self._speech_samples >= self._max_samples:
+            events.append(Endpoint(t_end, self._last_speech_end, forced=True))
+            self.state = ENDED
+        return events
+
+    def _append(self, x: np.ndarray) -> None:
+        need = self._utt_len + x.size
+        if need > self._utt.size:
+            # Doubling keeps appends amortised O(frame); the cap is the longest
+            # possible utterance, so memory stays bounded.
+            cap_limit = self._pre_roll_samples + self._max_samples + 2 * self.frame_samples
+            new_size = max(need, min(max(2 * self._utt.size, 16 * self.frame_samples), cap_limit))
+            grown = np.zeros(new_size, dtype=np.float32)
+            grown[: self._utt_len] = self._utt[: self._utt_len]
+            self._utt = grown
+        self._utt[self._utt_len : need] = x
+        self._utt_len = need

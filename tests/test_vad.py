@@ -1,0 +1,192 @@
+import numpy as np
+import pytest
+
+from omnidesk.engine.vad import (
+    Endpoint,
+    Endpointer,
+    EndpointerConfig,
+    EnergyVAD,
+    EnergyVADConfig,
+    OnsetCancelled,
+    Pause,
+    Resume,
+    SpeechOnset,
+    SpeechStart,
+    level_dbfs,
+)
+
+SR = 16000
+FRAME = 640  # 40 ms
+DT = FRAME / SR
+
+
+def noise(seconds, seed=0, level=1e-3):
+    return (np.random.default_rng(seed).standard_normal(int(round(seconds * SR))) * level).astype(np.float32)
+
+
+def tone(seconds, amp=0.3, f=220.0):
+    t = np.arange(int(round(seconds * SR))) / SR
+    return (amp * np.sin(2 * np.pi * f * t)).astype(np.float32)
+
+
+def signal(*parts):
+    """parts: ('s', seconds) silence (low noise) or ('t', seconds) tone."""
+    out = [noise(sec, seed=i) if kind == "s" else tone(sec) for i, (kind, sec) in enumerate(parts)]
+    return np.concatenate(out)
+
+
+def run(ep, x, t0=0.0):
+    """Push x frame by frame; return [(frame_index, event)]."""
+    events = []
+    for i in range(0, len(x), FRAME):
+        for e in ep.push(x[i : i + FRAME], t0 + i / SR):
+            events.append((i // FRAME, e))
+    return events
+
+
+def kinds(events):
+    return [type(e).__name__ for _, e in events]
+
+
+def make():
+    return Endpointer(EnergyVAD(), EndpointerConfig(), SR)
+
+
+def test_energy_vad_threshold():
+    vad = EnergyVAD(EnergyVADConfig(threshold_dbfs=-40.0))
+    assert not vad.is_speech(np.zeros(FRAME, np.float32))
+    assert not vad.is_speech(noise(DT))  # about -60 dBFS
+    assert vad.is_speech(tone(DT))  # about -13.5 dBFS
+    assert not vad.is_speech(np.zeros(0, np.float32))
+    assert level_dbfs(tone(DT, amp=1.0)) == pytest.approx(-3.01, abs=0.05)
+    # Just above / below the threshold.
+    assert vad.is_speech(tone(DT, amp=np.sqrt(2) * 10 ** (-39.5 / 20)))
+    assert not vad.is_speech(tone(DT, amp=np.sqrt(2) * 10 ** (-40.5 / 20)))
+
+
+def test_silence_gives_no_events():
+    ep = make()
+    assert run(ep, noise(3.0)) == []
+    assert not ep.in_utterance
+    assert ep.utterance_samples == 0
+
+
+def test_tone_burst_start_pause_endpoint():
+    ep = make()
+    x = signal(("s", 1.0), ("t", 1.0), ("s", 1.0))
+    ev = run(ep, x)
+    assert kinds(ev) == ["SpeechOnset", "SpeechStart", "Pause", "Endpoint"]
+    onset, start, pause, end = (e for _, e in ev)
+    assert onset.t == pytest.approx(1.0)
+    assert start.t == pytest.approx(1.0)  # back-dated to the first speech frame
+    assert start.t_confirmed == pytest.approx(1.0 + 0.12)  # confirmed after 120 ms
+    assert pause.t_speech_end == pytest.approx(2.0)
+    assert end.t_speech_end == pytest.approx(2.0)
+    assert end.t_endpoint == pytest.approx(2.4)
+    assert not end.forced
+    # Events arrive in the frame that completes them.
+    assert ev[1][0] == round(1.12 / DT) - 1
+    assert ev[2][0] == round(2.16 / DT) - 1  # 150 ms of silence needs 4 frames
+    assert ev[3][0] == round(2.4 / DT) - 1
+
+
+def test_short_gap_pauses_and_resumes_without_endpoint():
+    ep = make()
+    x = signal(("s", 0.4), ("t", 1.0), ("s", 0.2), ("t", 1.0))
+    ev = run(ep, x)
+    assert kinds(ev) == ["SpeechOnset", "SpeechStart", "Pause", "Resume"]
+    pause, resume = ev[2][1], ev[3][1]
+    assert pause.t_speech_end == pytest.approx(1.4)
+    assert resume.t == pytest.approx(1.6)
+    assert ep.in_utterance and not ep.paused
+
+
+def test_long_gap_endpoints_with_backdated_speech_end():
+    ep = make()
+    # The burst ends mid-frame: the back-dated end must be within one frame of it.
+    true_end = 0.4 + 1.013
+    x = signal(("s", 0.4), ("t", 1.013), ("s", 0.6 - 0.013), ("t", 1.0))
+    ev = run(ep, x)
+    assert kinds(ev) == ["SpeechOnset", "SpeechStart", "Pause", "Endpoint"]
+    end = ev[3][1]
+    assert abs(end.t_speech_end - true_end) <= DT
+    assert end.t_endpoint == pytest.approx(end.t_speech_end + 0.4)
+    assert end.t_endpoint - true_end <= 0.4 + DT
+    # After the endpoint, nothing happens until reset(); the second burst is not seen.
+    assert ep.push(tone(DT), 10.0) == []
+
+
+def test_cough_is_cancelled():
+    ep = make()
+    x = signal(("s", 0.4), ("t", 0.08), ("s", 0.6))
+    ev = run(ep, x)
+    assert kinds(ev) == ["SpeechOnset", "OnsetCancelled"]
+    assert isinstance(ev[1][1], OnsetCancelled) and ev[1][1].t_onset == pytest.approx(0.4)
+    assert not ep.in_utterance
+
+
+def test_utterance_audio_has_pre_roll():
+    ep = make()
+    x = signal(("s", 1.0), ("t", 1.0), ("s", 0.3))
+    run(ep, x)
+    u = ep.utterance_audio()
+    pre = int(0.2 * SR)
+    assert ep.pre_roll_samples == pre
+    assert ep.utterance_start_t == pytest.approx(0.8)
+    start = int(0.8 * SR)
+    np.testing.assert_array_equal(u, x[start : start + len(u)])
+    assert len(u) == len(x) - start  # everything up to the current frame
+    # Pre-roll before a start near t=0 is what exists.
+    ep2 = make()
+    run(ep2, signal(("s", 0.08), ("t", 0.5)))
+    assert ep2.pre_roll_samples == int(0.08 * SR)
+
+
+def test_new_audio_since_takes_blocks_incrementally():
+    ep = make()
+    x = signal(("s", 0.5), ("t", 5.0), ("s", 0.6))
+    block = 2 * SR
+    cursor, blocks = 0, []
+    for i in range(0, len(x), FRAME):
+        ep.push(x[i : i + FRAME], i / SR)
+        while ep.utterance_samples - cursor >= block:
+            blocks.append(ep.new_audio_since(cursor)[:block])
+            cursor += block
+    tail = ep.new_audio_since(cursor)
+    np.testing.assert_array_equal(np.concatenate(blocks + [tail]), ep.utterance_audio())
+    assert len(blocks) == 2
+
+
+def test_max_utterance_forces_endpoint():
+    ep = Endpointer(EnergyVAD(), EndpointerConfig(max_utterance_s=2.0), SR)
+    ev = run(ep, signal(("s", 0.2), ("t", 5.0)))
+    assert kinds(ev) == ["SpeechOnset", "SpeechStart", "Endpoint"]
+    end = ev[2][1]
+    assert end.forced
+    assert end.t_endpoint == pytest.approx(0.2 + 2.0)
+    assert ep.utterance_samples == int(0.2 * SR) + 2 * SR  # pre-roll + 2 s
+
+
+def test_reset_starts_next_turn():
+    ep = make()
+    x = signal(("s", 0.4), ("t", 1.0), ("s", 0.6))
+    ev1 = run(ep, x)
+    assert isinstance(ev1[-1][1], Endpoint)
+    first = ep.utterance_audio()
+    ep.reset()
+    assert ep.utterance_samples == 0 and not ep.in_utterance
+    ev2 = run(ep, signal(("s", 0.32), ("t", 0.5), ("s", 0.5)), t0=2.0)
+    assert kinds(ev2) == ["SpeechOnset", "SpeechStart", "Pause", "Endpoint"]
+    assert ev2[1][1].t == pytest.approx(2.32)
+    assert len(ep.utterance_audio()) != len(first)
+    assert isinstance(ev2[0][1], SpeechOnset) and isinstance(ev2[1][1], SpeechStart)
+    assert isinstance(ev2[2][1], Pause) and not any(isinstance(e, Resume) for _, e in ev2)
+
+
+def test_config_checks_and_frame_length():
+    with pytest.raises(ValueError):
+        EndpointerConfig(preempt_silence_ms=500, endpoint_silence_ms=400)
+    ep = make()
+    with pytest.raises(ValueError):
+        ep.push(np.zeros(FRAME + 1, np.float32), 0.0)
+    assert ep.push(np.zeros(FRAME // 2, np.float32), 0.0) == []  # a short last frame is fine
