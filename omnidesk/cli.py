@@ -99,6 +99,52 @@ def _speak(stack, codec_ids: list[int], voice_name: str, seed: int, out: Path) -
     print(f"vocoder: {seconds:.2f} s of audio in {elapsed * 1000:.0f} ms (RTF {elapsed / seconds:.2f}) -> {out}")
 
 
+def cmd_talk(args) -> int:
+    import asyncio
+
+    import numpy as np
+    import soundfile as sf
+
+    from omnidesk.engine.engine import EngineConfig
+    from omnidesk.engine.executors.qwen2_5_omni import QwenOmniExecutor, thinker_defaults
+    from omnidesk.engine.talk import Script, latency_table, run_script
+    from omnidesk.engine.timeline import Timeline
+    from omnidesk.models.demo import is_demo
+    from omnidesk.models.reply import talker_defaults
+    from omnidesk.models.sampling import SamplingParams
+
+    stack = _load(args.model, args.device)
+    rate = stack.features.sampling_rate
+    inputs = [_read_wav(Path(p), rate).numpy().astype(np.float32) for p in args.input]
+    barge = None
+    if args.barge_in:
+        seconds, _, path = args.barge_in.partition(":")
+        try:
+            barge = (float(seconds), _read_wav(Path(path), rate).numpy().astype(np.float32))
+        except ValueError:
+            raise SystemExit(f"error: --barge-in wants SECONDS:FILE.wav, got {args.barge_in!r}") from None
+    limits = {}
+    if is_demo(stack.config.raw):
+        # an untrained model rarely says "stop": keep its replies short (about 6 s)
+        limits = {"max_reply_tokens": 48, "max_codec_tokens": 300}
+    executor = QwenOmniExecutor(
+        stack, **limits, thinker_sampling=SamplingParams(greedy=True) if args.greedy else thinker_defaults(stack),
+        talker_sampling=talker_defaults(stack, greedy=args.greedy))
+    timeline = Timeline(model={"path": str(stack.path), "demo": is_demo(stack.config.raw),
+                               "dtype": str(stack.dtype).replace("torch.", "")}, device=str(stack.device))
+    config = EngineConfig(voice=args.voice, seed=args.seed)
+    engine, speaker = asyncio.run(run_script(executor, Script(inputs, barge, args.no_vad), config, timeline,
+                                             realtime=not args.fast))
+    sf.write(args.output, speaker.recording(), speaker.sample_rate)
+    timeline.extra["preemptive_used"] = engine.stats.preemptive_used
+    timeline.extra["preemptive_discarded"] = engine.stats.preemptive_discarded
+    timeline.extra["false_barge_ins"] = engine.stats.false_barge_ins
+    timeline.write(args.timeline)
+    print(latency_table(timeline))
+    print(f"wrote {args.output} ({speaker.clock_samples / speaker.sample_rate:.1f} s) and {args.timeline}")
+    return 0
+
+
 def cmd_default(args) -> int:
     """No subcommand: until the desktop window exists, run one turn of the demo/best model in the terminal."""
     import torch
@@ -139,6 +185,20 @@ def main(argv: list[str] | None = None) -> int:
     reply.add_argument("--max-codec-tokens", type=int, default=1000)
     reply.add_argument("--output", help="write the spoken reply to this WAV file (24 kHz)")
     reply.set_defaults(func=cmd_reply)
+
+    talk = sub.add_parser("talk", help="a scripted conversation from WAV files through the engine")
+    talk.add_argument("--model", default="demo")
+    talk.add_argument("--device", default="cpu")
+    talk.add_argument("--input", action="append", required=True, help="16 kHz WAV, one user utterance (repeatable)")
+    talk.add_argument("--barge-in", help="SECONDS:FILE.wav played into the mic that long after the first reply starts")
+    talk.add_argument("--no-vad", action="store_true", help="each input file is exactly one turn")
+    talk.add_argument("--greedy", action="store_true")
+    talk.add_argument("--seed", type=int, default=0)
+    talk.add_argument("--voice")
+    talk.add_argument("--fast", action="store_true", help="do not pace in real time (as fast as the CPU allows)")
+    talk.add_argument("--output", required=True, help="WAV of what the speaker played (24 kHz)")
+    talk.add_argument("--timeline", required=True, help="per-turn latency timeline (JSON)")
+    talk.set_defaults(func=cmd_talk)
 
     args = parser.parse_args(argv)
     from omnidesk.models.config import ConfigError

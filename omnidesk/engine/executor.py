@@ -117,3 +117,8 @@ class Executor(ABC):
     @property
     @abstractmethod
     def thinker_cache_length(self) -> int: ...
+
+    @property
+    @abstractmethod
+    def turn_prompt_ids(self) -> list[int]:
+        """Everything fed to the thinker for the latest user turn (placeholders included)."""

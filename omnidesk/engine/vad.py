@@ -252,6 +252,14 @@ class Endpointer:
         return self.state == SPEAKING
 
     @property
+    def committed_samples(self) -> int:
+        """Utterance samples the turn will certainly hold: all but the trailing silence beyond
+        ``preempt_silence_ms`` (kept only if speech resumes).  Feeding the model exactly these
+        makes a reply independent of whether it was started preemptively or at the endpoint."""
+        trailing = max(0, self._silence_samples - self._preempt_samples) if self.state != IDLE else 0
+        return max(0, self._utt_len - trailing)
+
+    @property
     def paused(self) -> bool:
         """Inside an utterance and a Pause was emitted with no Resume since."""
         return self.state == SPEAKING and self._paused

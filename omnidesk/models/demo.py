@@ -27,7 +27,7 @@ DEMO_NOTICE = ("Demo model: tiny and untrained (random weights) - its replies ar
                "Get real weights with: omnidesk models download Qwen/Qwen2.5-Omni-3B")
 
 # Bump when the recipe changes: a demo made by an older recipe is rebuilt.
-RECIPE_VERSION = 3
+RECIPE_VERSION = 4
 SEED = 20261202
 
 TOKENIZER_VOCAB = 1024
@@ -74,13 +74,13 @@ def demo_config() -> dict:
         "token2wav_config": {
             "model_type": "qwen2_5_omni_token2wav",
             # the hub file's spellings (dim/depth/heads), a small DiT with the real block structure
-            "dit_config": dict(model_type="qwen2_5_omni_dit", dim=96, depth=4, heads=4, head_dim=24, ff_mult=2,
-                               emb_dim=64, repeats=2, num_embeds=CODEC_VOCAB, mel_dim=80, enc_emb_dim=192,
+            "dit_config": dict(model_type="qwen2_5_omni_dit", dim=64, depth=2, heads=2, head_dim=32, ff_mult=2,
+                               emb_dim=32, repeats=2, num_embeds=CODEC_VOCAB, mel_dim=80, enc_emb_dim=192,
                                enc_dim=32, enc_channels=[64, 64, 64, 64, 192], enc_kernel_sizes=[5, 3, 3, 3, 1],
                                enc_dilations=[1, 2, 3, 4, 1], enc_attention_channels=16, enc_res2net_scale=2,
-                               enc_se_channels=16, block_size=24, look_ahead_layers=[2], look_backward_layers=[0, 3],
+                               enc_se_channels=16, block_size=24, look_ahead_layers=[1], look_backward_layers=[0],
                                dropout=0.0),
-            "bigvgan_config": dict(model_type="qwen2_5_omni_bigvgan", mel_dim=80, upsample_initial_channel=128,
+            "bigvgan_config": dict(model_type="qwen2_5_omni_bigvgan", mel_dim=80, upsample_initial_channel=64,
                                    resblock_kernel_sizes=[3, 7, 11],
                                    resblock_dilation_sizes=[[1, 3, 5], [1, 3, 5], [1, 3, 5]],
                                    upsample_rates=[5, 3, 2, 2, 2, 2], upsample_kernel_sizes=[11, 7, 4, 4, 4, 4]),

@@ -23,6 +23,7 @@ the timeline so a better aligner can be judged against it.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -75,6 +76,10 @@ class QwenOmniExecutor(Executor):
             raise ValueError(f"{stack.path}: this checkpoint has no talker (enable_audio_output is false)")
         self.stack = stack
         self.cfg = stack.config
+        if stack.device.type == "cpu":
+            # Leave a core to the event loop and the audio thread: with every core in torch's
+            # pool, the pool's spinning threads and the loop fight and steps take several times longer.
+            torch.set_num_threads(max(1, (os.cpu_count() or 2) - 1))
         self.thinker, self.talker, self.vocoder = stack.thinker, stack.talker, stack.vocoder
         self.device = stack.device
         self.capacity = capacity
@@ -129,6 +134,7 @@ class QwenOmniExecutor(Executor):
         self.talker_context = 0
         self.ids: list[int] = []
         self.turn_starts: list[int] = []
+        self.prompt_end = 0
         self._audio = np.zeros(0, dtype=np.float32)
         self._blocks_done = 0
         self._floor: float | None = None
@@ -139,6 +145,10 @@ class QwenOmniExecutor(Executor):
     @property
     def thinker_cache_length(self) -> int:
         return self.thinker_cache.length
+
+    @property
+    def turn_prompt_ids(self) -> list[int]:
+        return self.ids[self.turn_starts[-1]:self.prompt_end] if self.turn_starts else []
 
     def _prefill(self, ids: list[int], audio_tokens: torch.Tensor | None = None) -> torch.Tensor:
         """Append ids (audio placeholders filled from audio_tokens) to the thinker; returns the hidden states."""
@@ -413,7 +423,12 @@ class QwenOmniExecutor(Executor):
         return kept
 
     def interrupt(self, heard_samples: int) -> Rollback:
-        """Keep the heard part of the reply in the thinker cache; drop the rest (pointer moves)."""
+        """Keep the heard part of the reply in the thinker cache; drop the rest (pointer moves).
+
+        Interrupted before the reply began (still in the user's turn): the user's words stay,
+        the reply is empty."""
+        if self._turn_open:
+            self.end_user_turn()
         before = self.thinker_cache.length
         kept = self.kept_text_tokens(heard_samples)
         after = self.prompt_end + kept

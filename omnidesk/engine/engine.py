@@ -1,0 +1,380 @@
+"""The streaming engine: one conversation, its turn state machine, and the reply pipeline.
+
+Threads and loop.  The engine lives on an asyncio loop (its own thread in the
+app: :class:`EngineThread`).  All tensor work goes to ONE worker thread, one
+short call at a time (an audio block, a decode step, a vocoder chunk), so the
+loop stays free: ``interrupt()`` silences the speaker at once on the loop and
+the rollback runs as soon as the step in flight returns.  The speaker and the
+timeline are only touched on the loop.
+
+Turn state machine (ARCHITECTURE.md)::
+
+    LISTENING -> USER_SPEAKING -> (pause) PREEMPTING -> (endpoint) RESPONDING -> LISTENING
+                        ^               | (user resumes: roll back)        | (barge-in:
+                        +---------------+                                  |  roll back to
+                        +--------------------------------------------------+  what was heard)
+
+Pipeline.  A reply runs thinker, talker and vocoder steps interleaved: the
+talker starts from the first thinker tokens, the vocoder emits a chunk as soon
+as it has enough codes, and chunks go to the speaker at once (or are held
+while PREEMPTING).  Backpressure: the thinker runs at most ``thinker_lead``
+tokens ahead of the talker, and generation pauses while more than
+``max_audio_ahead_s`` of audio waits to be played, so memory stays flat in
+long replies.
+
+Driving.  Something must call :meth:`Engine.on_frame` every 40 ms with a mic
+frame and tick the speaker: the real-time audio layer, ``omnidesk talk``'s
+scripted microphone, or a test.  With ``realtime=False`` the driver awaits
+:meth:`Engine.settle` after each frame, which lets the pipeline run until it
+blocks: deterministic, and as fast as the CPU allows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import enum
+import threading
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from .executor import Executor, StepResult
+from .speaker import VirtualSpeaker
+from .timeline import BargeIn, Timeline, TurnTimeline
+from .vad import Endpoint, Endpointer, OnsetCancelled, Pause, Resume, SpeechOnset, SpeechStart
+
+
+class TurnState(enum.Enum):
+    LISTENING = "listening"
+    USER_SPEAKING = "user_speaking"
+    PREEMPTING = "preempting"
+    RESPONDING = "responding"
+    SUSPECTED_BARGE_IN = "suspected_barge_in"
+
+
+@dataclass
+class EngineConfig:
+    voice: str | None = None
+    seed: int = 0
+    preemptive: bool = True  # start replying at a short pause, play only at the endpoint
+    barge_in: bool = True  # user speech during a reply interrupts it
+    thinker_lead: int = 24  # text tokens the thinker may run ahead of the talker
+    max_audio_ahead_s: float = 2.0  # generated audio waiting to be played before generation pauses
+
+
+@dataclass
+class EngineStats:
+    preemptive_used: int = 0
+    preemptive_discarded: int = 0
+    barge_ins: int = 0
+    false_barge_ins: int = 0
+    steps: int = 0
+
+
+@dataclass
+class _Reply:
+    turn: TurnTimeline
+    held: bool  # playback held (preemptive start)
+    pending: list[np.ndarray] = field(default_factory=list)  # audio not yet in the speaker
+    on_speaker: bool = False  # the speaker's current reply is this one
+    produced_samples: int = 0
+    generation_done: bool = False
+    task: asyncio.Task | None = None
+    mark: object = None  # executor mark taken before the preemptive start
+
+
+class Engine:
+    """One conversation.  Create it on the loop that will drive it."""
+
+    def __init__(self, executor: Executor, endpointer: Endpointer, speaker: VirtualSpeaker,
+                 config: EngineConfig | None = None, timeline: Timeline | None = None,
+                 on_update: Callable[[str, object], None] | None = None):
+        self.ex = executor
+        self.endpointer = endpointer
+        self.speaker = speaker
+        self.config = config or EngineConfig()
+        self.timeline = timeline or Timeline(model={}, device="cpu")
+        self.on_update = on_update or (lambda kind, payload: None)
+        self.stats = EngineStats()
+        self.state = TurnState.LISTENING
+        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="omnidesk-worker")
+        self._loop = asyncio.get_running_loop()
+        self._turn: TurnTimeline | None = None
+        self._reply: _Reply | None = None
+        self._fed = 0  # utterance samples handed to the executor
+        self._progress = asyncio.Event()  # set whenever the pipeline blocks or finishes
+        self._onset: float | None = None
+        self.now = 0.0  # session time of the latest frame end
+
+    # ------------------------------------------------------------------ helpers
+    async def _work(self, fn, *args):
+        return await self._loop.run_in_executor(self._pool, fn, *args)
+
+    def _set_state(self, state: TurnState) -> None:
+        if state != self.state:
+            self.state = state
+            self.on_update("state", state)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=False)
+
+    # ------------------------------------------------------------------ input side
+    async def on_frame(self, frame: np.ndarray, t: float) -> None:
+        """One 40 ms mic frame starting at session time ``t``."""
+        self.now = t + len(frame) / self.endpointer.sample_rate
+        for event in self.endpointer.push(frame, t):
+            await self._on_event(event)
+        if self.state == TurnState.USER_SPEAKING:
+            await self._feed_audio()
+        self._check_playback()
+
+    async def _on_event(self, ev) -> None:
+        cfg = self.config
+        if isinstance(ev, SpeechOnset):
+            if self.state == TurnState.RESPONDING and cfg.barge_in:
+                self._onset = ev.t
+                self.speaker.pause()  # duck at once; confirmed or resumed below
+                self._set_state(TurnState.SUSPECTED_BARGE_IN)
+        elif isinstance(ev, OnsetCancelled):
+            if self.state == TurnState.SUSPECTED_BARGE_IN:
+                self.speaker.resume()
+                self.stats.false_barge_ins += 1
+                self._onset = None
+                self._set_state(TurnState.RESPONDING)
+        elif isinstance(ev, SpeechStart):
+            if self.state in (TurnState.RESPONDING, TurnState.SUSPECTED_BARGE_IN):
+                if not cfg.barge_in:
+                    return
+                await self.interrupt(onset=self._onset if self._onset is not None else ev.t,
+                                     confirmed=ev.t_confirmed)
+            if self.state == TurnState.LISTENING:
+                await self._begin_turn(ev.t)
+        elif isinstance(ev, Pause):
+            if self.state == TurnState.USER_SPEAKING and cfg.preemptive:
+                await self._feed_audio()
+                mark = await self._work(self.ex.mark)
+                self._start_reply(held=True, mark=mark)
+                self._set_state(TurnState.PREEMPTING)
+        elif isinstance(ev, Resume):
+            if self.state == TurnState.PREEMPTING:
+                await self._discard_preemptive()
+        elif isinstance(ev, Endpoint):
+            self._turn.user_speech_end = ev.t_speech_end
+            self._turn.endpoint = ev.t_endpoint
+            if self.state == TurnState.PREEMPTING:
+                self.stats.preemptive_used += 1
+                self._turn.extra["preemptive"] = "used"
+                self._release_playback()
+            elif self.state == TurnState.USER_SPEAKING:
+                await self._feed_audio()
+                self._start_reply(held=False)
+            self._set_state(TurnState.RESPONDING)
+            self.endpointer.reset()
+
+    async def _begin_turn(self, t_start: float) -> None:
+        self._turn = self.timeline.new_turn()
+        self._turn.user_speech_start = t_start
+        self._fed = 0
+        await self._work(self.ex.begin_user_turn)
+        self._set_state(TurnState.USER_SPEAKING)
+        self.on_update("turn", self._turn)
+
+    async def _feed_audio(self) -> None:
+        # only committed audio: silence past the pause point waits until speech resumes, so a
+        # reply does not depend on whether it was started preemptively or at the endpoint
+        new = self.endpointer.new_audio_since(self._fed)[:max(0, self.endpointer.committed_samples - self._fed)]
+        if new.size:
+            self._fed += new.size
+            await self._work(self.ex.add_user_audio, new)
+
+    async def _discard_preemptive(self) -> None:
+        reply = self._reply
+        self._reply = None
+        if reply.task is not None:
+            reply.task.cancel()
+        # the executor is back at the mark, which was taken right after feeding self._fed samples;
+        # what came since (the pause) is fed below
+        await self._work(self.ex.rollback, reply.mark)
+        self.stats.preemptive_discarded += 1
+        self._turn.extra["preemptive_discarded"] = self._turn.extra.get("preemptive_discarded", 0) + 1
+        for name in ("audio_encoded", "prefill_done", "first_text_token", "first_codec_token",
+                     "first_audio_chunk"):
+            self._turn.events[name] = None  # those belonged to the discarded start
+        self._turn.prompt_token_ids, self._turn.text_token_ids, self._turn.codec_token_ids = [], [], []
+        self._set_state(TurnState.USER_SPEAKING)
+        await self._feed_audio()
+
+    # ------------------------------------------------------------------ reply pipeline
+    def _start_reply(self, held: bool, mark=None) -> None:
+        reply = _Reply(turn=self._turn, held=held, mark=mark)
+        self._reply = reply
+        reply.task = self._loop.create_task(self._run_reply(reply))
+
+    def _release_playback(self) -> None:
+        reply = self._reply
+        if reply is not None and reply.held:
+            reply.held = False
+            self._drain_pending(reply)
+
+    def _drain_pending(self, reply: _Reply) -> None:
+        if reply.held:
+            return
+        while reply.pending:
+            chunk = reply.pending[0]
+            if not reply.on_speaker:
+                self.speaker.start_reply()
+                reply.on_speaker = True
+            if not self.speaker.write(chunk):
+                return
+            reply.pending.pop(0)
+
+    def _audio_ahead(self, reply: _Reply) -> float:
+        pending = sum(c.size for c in reply.pending)
+        return (pending + self.speaker.buffered_samples) / self.ex.sample_rate_out
+
+    def _pipeline_step(self, lead_ok: bool) -> StepResult:
+        """One unit of work in the worker: a thinker step (if allowed), a talker step, vocoding."""
+        ex = self.ex
+        out = StepResult()
+        if not ex.thinker_done and lead_ok:
+            out.text_token = ex.thinker_step()
+        out.codec_token = ex.talker_step()
+        if ex.talker_done:
+            out.audio = ex.vocoder_step(final=True)
+        elif out.codec_token is not None:
+            out.audio = ex.vocoder_step()
+        return out
+
+    async def _run_reply(self, reply: _Reply) -> None:
+        turn = reply.turn
+        try:
+            prompt = await self._work(self.ex.end_user_turn)
+            t = self.now
+            turn.prompt_token_ids = list(prompt)
+            turn.mark("audio_encoded", t)
+            turn.mark("prefill_done", t)
+            await self._work(self.ex.start_reply, self.config.voice, self.config.seed)
+            while True:
+                if self._audio_ahead(reply) > self.config.max_audio_ahead_s:
+                    self._progress.set()  # blocked on playback
+                    await asyncio.sleep(0.01)
+                    self._drain_pending(reply)
+                    continue
+                lead_ok = len(turn.text_token_ids) - len(turn.codec_token_ids) < self.config.thinker_lead
+                out = await self._work(self._pipeline_step, lead_ok)
+                self.stats.steps += 1
+                if out.text_token is not None:
+                    turn.text_token_ids.append(out.text_token)
+                    turn.mark("first_text_token", self.now)
+                if out.codec_token is not None:
+                    turn.codec_token_ids.append(out.codec_token)
+                    turn.mark("first_codec_token", self.now)
+                for chunk in out.audio:
+                    turn.mark("first_audio_chunk", self.now)
+                    reply.pending.append(chunk)
+                    reply.produced_samples += chunk.size
+                self._drain_pending(reply)
+                if out.text_token is not None or out.audio:
+                    self.on_update("reply", turn)
+                if self.ex.talker_done and self.ex.thinker_done and not out.audio:
+                    break
+                if out.text_token is None and out.codec_token is None and not out.audio:
+                    await asyncio.sleep(0)  # nothing to do this instant
+            reply.generation_done = True
+            turn.mark("reply_done", self.now)
+            turn.reply_audio_s = reply.produced_samples / self.ex.sample_rate_out
+            turn.text = self._decode(turn.text_token_ids)
+            # play out: wait for the speaker to drain, then keep the whole reply in the conversation
+            while reply.held or reply.pending or self.speaker.buffered_samples:
+                self._progress.set()
+                await asyncio.sleep(0.01)
+                self._drain_pending(reply)
+            if reply.on_speaker:
+                self.speaker.end_reply()
+            turn.played_audio_s = self._heard(reply) / self.ex.sample_rate_out
+            await self._work(self.ex.finish_reply)
+            if self._reply is reply:
+                self._reply = None
+                self._set_state(TurnState.LISTENING)
+        except asyncio.CancelledError:
+            raise
+        finally:
+            self._progress.set()
+
+    def _decode(self, ids: list[int]) -> str:
+        tok = getattr(getattr(self.ex, "stack", None), "tokenizer", None)
+        return tok.decode(ids) if tok is not None else ""
+
+    def _heard(self, reply: _Reply) -> int:
+        """Samples of this reply that reached the speaker (the playhead belongs to the speaker's current reply)."""
+        return self.speaker.playhead if reply.on_speaker else 0
+
+    def _check_playback(self) -> None:
+        reply = self._reply
+        if reply is not None and reply.on_speaker and self.speaker.reply_first_sample is not None:
+            t = self.speaker.reply_first_sample / self.speaker.sample_rate
+            reply.turn.mark("playback_start", t)
+
+    # ------------------------------------------------------------------ barge-in
+    async def interrupt(self, onset: float | None = None, confirmed: float | None = None) -> None:
+        """Stop the reply now (barge-in or the stop button) and keep only what was heard."""
+        reply = self._reply
+        if reply is None:
+            return
+        self._reply = None
+        heard = self._heard(reply)
+        if reply.on_speaker:
+            self.speaker.flush()
+        stopped = self.now
+        if reply.task is not None:
+            reply.task.cancel()
+        turn = reply.turn
+        turn.played_audio_s = heard / self.ex.sample_rate_out
+        turn.reply_audio_s = reply.produced_samples / self.ex.sample_rate_out
+        turn.text = self._decode(turn.text_token_ids)
+        rb = await self._work(self.ex.interrupt, heard)
+        if not turn.prompt_token_ids:  # cut during the prefill: the executor closed the turn
+            turn.prompt_token_ids = list(self.ex.turn_prompt_ids)
+        turn.interrupt(BargeIn(onset=onset, confirmed=confirmed, playback_stopped=stopped,
+                               heard_audio_s=heard / self.ex.sample_rate_out,
+                               kept_text_tokens=rb.kept_text_tokens, rolled_back_tokens=rb.rolled_back_tokens,
+                               thinker_cache_before=rb.thinker_cache_before,
+                               thinker_cache_after=rb.thinker_cache_after))
+        self.stats.barge_ins += 1
+        self._onset = None
+        self._set_state(TurnState.LISTENING)
+        self.on_update("interrupted", turn)
+
+    # ------------------------------------------------------------------ driving
+    async def settle(self) -> None:
+        """Let the reply pipeline run until it blocks on playback or finishes (non-real-time driving)."""
+        reply = self._reply
+        while reply is not None and reply.task is not None and not reply.task.done():
+            self._progress.clear()
+            waiter = asyncio.ensure_future(self._progress.wait())
+            done, _ = await asyncio.wait({waiter, reply.task}, return_when=asyncio.FIRST_COMPLETED)
+            waiter.cancel()
+            if waiter in done:
+                return
+
+    @property
+    def idle(self) -> bool:
+        return self.state == TurnState.LISTENING and self._reply is None and not self.endpointer.in_utterance
+
+
+class EngineThread:
+    """Runs an asyncio loop on its own thread for the app; ``call`` schedules a coroutine on it."""
+
+    def __init__(self):
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name="omnidesk-engine", daemon=True)
+        self._thread.start()
+
+    def call(self, coro) -> concurrent.futures.Future:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    def stop(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(timeout=5)

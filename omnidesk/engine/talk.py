@@ -1,0 +1,177 @@
+"""A scripted conversation (``omnidesk talk``): WAV files into a virtual microphone, the reply
+out of a virtual speaker, through the same endpointing and engine as the app.
+
+The microphone plays each input after the previous reply has finished
+playing (plus a short gap), paced in real time (or as fast as possible with
+``realtime=False``, for tests and benchmarks).  ``barge_in=(seconds, audio)``
+mixes ``audio`` into the microphone ``seconds`` after the first reply started
+playing.  With ``no_vad`` every input is exactly one turn: it starts at the
+file's first sample and ends at its last.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from .engine import Engine, EngineConfig
+from .executor import Executor
+from .speaker import VirtualSpeaker
+from .timeline import Timeline
+from .vad import Endpoint, Endpointer, EndpointerConfig, EnergyVAD, SpeechStart
+
+FRAME_S = 0.04
+LEAD_SILENCE_S = 0.3  # before the first input
+GAP_S = 0.6  # after a reply finished playing, before the next input
+TAIL_S = 0.5  # after the last reply
+MAX_WAIT_S = 60.0  # give up waiting for a reply to finish
+
+
+class ScriptedEndpointer(Endpointer):
+    """``--no-vad``: turn boundaries are the input files' own boundaries (SpeechStart at a file's
+    first frame, Endpoint right after its last), and the utterance is exactly the file."""
+
+    def __init__(self, sample_rate: int = 16000):
+        super().__init__(EnergyVAD(), EndpointerConfig(), sample_rate)
+        self._utt: list[np.ndarray] = []
+        self._active = False
+        self._ending = False
+        self._start_t = None
+
+    def begin(self) -> None:
+        self._utt, self._active, self._ending = [], True, False
+
+    def end(self) -> None:
+        self._ending = True
+
+    def reset(self) -> None:
+        self._utt, self._active, self._ending = [], False, False
+
+    @property
+    def in_utterance(self) -> bool:
+        return self._active
+
+    def utterance_audio(self) -> np.ndarray:
+        return np.concatenate(self._utt) if self._utt else np.zeros(0, np.float32)
+
+    def new_audio_since(self, start: int) -> np.ndarray:
+        return self.utterance_audio()[start:]
+
+    @property
+    def committed_samples(self) -> int:
+        return sum(f.size for f in self._utt)
+
+    def push(self, frame: np.ndarray, t: float):
+        events = []
+        if not self._active:
+            return events
+        if not self._utt and not self._ending:
+            self._start_t = t
+            events.append(SpeechStart(t, t))
+        if self._ending:
+            events.append(Endpoint(t, t))
+            self._active = False
+            return events
+        self._utt.append(np.asarray(frame, np.float32))
+        return events
+
+
+@dataclass
+class Script:
+    inputs: list[np.ndarray]  # 16 kHz mono float32 utterances
+    barge_in: tuple[float, np.ndarray] | None = None
+    no_vad: bool = False
+
+
+async def run_script(executor: Executor, script: Script, config: EngineConfig, timeline: Timeline,
+                     realtime: bool = True, endpointer_config: EndpointerConfig | None = None,
+                     on_update=None) -> tuple[Engine, VirtualSpeaker]:
+    rate_in = executor.sample_rate_in
+    frame_in = int(round(FRAME_S * rate_in))
+    speaker = VirtualSpeaker(sample_rate=executor.sample_rate_out, block=int(round(FRAME_S * executor.sample_rate_out)),
+                             capacity_s=config.max_audio_ahead_s + 2.0)
+    endpointer = ScriptedEndpointer(rate_in) if script.no_vad else \
+        Endpointer(EnergyVAD(), endpointer_config or EndpointerConfig(), rate_in)
+    engine = Engine(executor, endpointer, speaker, config, timeline, on_update)
+    t = 0.0
+    start = time.monotonic()
+    overlay = None  # (start_sample_on_mic_clock, audio)
+    mic_sample = 0
+
+    async def tick(frame: np.ndarray) -> None:
+        nonlocal t, mic_sample, overlay
+        if script.barge_in is not None and overlay is None:
+            first = timeline.turns[0].events["playback_start"] if timeline.turns else None
+            if first is not None:
+                overlay = (int(round((first + script.barge_in[0]) * rate_in)), script.barge_in[1])
+        if overlay is not None:
+            lo = mic_sample - overlay[0]
+            if lo + frame.size > 0 and lo < overlay[1].size:
+                seg = overlay[1][max(0, lo):lo + frame.size]
+                frame = frame.copy()
+                frame[max(0, -lo):max(0, -lo) + seg.size] += seg
+        # The speaker plays the block [t, t + 40 ms) from what was buffered at t; the mic frame
+        # covering the same interval is only complete (and processed) at its end.
+        speaker.tick()
+        await engine.on_frame(frame, t)
+        mic_sample += frame.size
+        t = mic_sample / rate_in  # from the sample count: no drift from summing 0.04
+        if realtime:
+            delay = start + t - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+        else:
+            await engine.settle()
+
+    silence = np.zeros(frame_in, np.float32)
+
+    async def wait_idle(extra_s: float) -> None:
+        waited = 0.0
+        while not engine.idle and waited < MAX_WAIT_S:
+            await tick(silence)
+            waited += FRAME_S
+        for _ in range(int(round(extra_s / FRAME_S))):
+            await tick(silence)
+
+    for _ in range(int(round(LEAD_SILENCE_S / FRAME_S))):
+        await tick(silence)
+    for utterance in script.inputs:
+        if script.no_vad:
+            endpointer.begin()
+        padded = np.concatenate([utterance, np.zeros((-utterance.size) % frame_in, np.float32)])
+        for i in range(0, padded.size, frame_in):
+            await tick(padded[i:i + frame_in])
+        if script.no_vad:
+            endpointer.end()
+            await tick(silence)
+        await wait_idle(GAP_S)
+    # let a late barge-in happen, then let its reply finish
+    if overlay is not None or script.barge_in is not None:
+        await wait_idle(TAIL_S)
+    await wait_idle(TAIL_S)
+    engine.close()
+    return engine, speaker
+
+
+def latency_table(timeline: Timeline) -> str:
+    """One line per turn: where the time went (ms, on the session clock)."""
+
+    def ms(a, b):
+        return "-" if a is None or b is None else f"{(b - a) * 1000:6.0f}"
+
+    rows = ["turn  end->endpoint  endpoint->1st audio  endpoint->playing  voice-to-voice  text  codes  "
+            "reply s  played s  interrupted"]
+    for i, turn in enumerate(timeline.turns):
+        ev = turn.events
+        cut = "-"
+        if turn.interrupted:
+            b = turn.barge_in
+            cut = f"yes: kept {b.kept_text_tokens} tok, rolled back {b.rolled_back_tokens}"
+        rows.append(f"{i + 1:4d}  {ms(turn.user_speech_end, turn.endpoint):>13}  "
+                    f"{ms(turn.endpoint, ev['first_audio_chunk']):>19}  {ms(turn.endpoint, ev['playback_start']):>17}  "
+                    f"{ms(turn.user_speech_end, ev['playback_start']):>14}  {len(turn.text_token_ids):4d}  "
+                    f"{len(turn.codec_token_ids):5d}  {turn.reply_audio_s:7.2f}  {turn.played_audio_s:8.2f}  {cut}")
+    return "\n".join(rows)
