@@ -127,6 +127,10 @@ def cmd_talk(args) -> int:
     if is_demo(stack.config.raw):
         # an untrained model rarely says "stop": keep its replies short (about 6 s)
         limits = {"max_reply_tokens": 48, "max_codec_tokens": 300}
+    if args.max_text_tokens:
+        limits["max_reply_tokens"] = args.max_text_tokens
+    if args.max_codec_tokens:
+        limits["max_codec_tokens"] = args.max_codec_tokens
     executor = QwenOmniExecutor(
         stack, **limits, thinker_sampling=SamplingParams(greedy=True) if args.greedy else thinker_defaults(stack),
         talker_sampling=talker_defaults(stack, greedy=args.greedy))
@@ -142,6 +146,22 @@ def cmd_talk(args) -> int:
     timeline.write(args.timeline)
     print(latency_table(timeline))
     print(f"wrote {args.output} ({speaker.clock_samples / speaker.sample_rate:.1f} s) and {args.timeline}")
+    return 0
+
+
+def cmd_bench(args) -> int:
+    import json
+
+    from omnidesk.engine import bench
+
+    stack = _load(args.model, args.device)
+    result = bench.run(stack, turns=args.turns, interrupts=args.interrupts,
+                       with_transformers=not args.no_transformers)
+    text = json.dumps(result, indent=2)
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(text)
+    print(text)
     return 0
 
 
@@ -196,9 +216,20 @@ def main(argv: list[str] | None = None) -> int:
     talk.add_argument("--seed", type=int, default=0)
     talk.add_argument("--voice")
     talk.add_argument("--fast", action="store_true", help="do not pace in real time (as fast as the CPU allows)")
+    talk.add_argument("--max-text-tokens", type=int, help="reply text limit (default 512; 48 for the demo)")
+    talk.add_argument("--max-codec-tokens", type=int, help="speech token limit (default 4096; 300 for the demo)")
     talk.add_argument("--output", required=True, help="WAV of what the speaker played (24 kHz)")
     talk.add_argument("--timeline", required=True, help="per-turn latency timeline (JSON)")
     talk.set_defaults(func=cmd_talk)
+
+    bench = sub.add_parser("bench", help="latency and throughput benchmark, JSON (vs transformers when installed)")
+    bench.add_argument("--model", default="demo")
+    bench.add_argument("--device", default="cpu")
+    bench.add_argument("--turns", type=int, default=3, help="real-time turns per configuration")
+    bench.add_argument("--interrupts", type=int, default=50)
+    bench.add_argument("--no-transformers", action="store_true", help="skip the transformers side")
+    bench.add_argument("--out", help="also write the JSON here")
+    bench.set_defaults(func=cmd_bench)
 
     args = parser.parse_args(argv)
     from omnidesk.models.config import ConfigError

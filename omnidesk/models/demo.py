@@ -27,7 +27,7 @@ DEMO_NOTICE = ("Demo model: tiny and untrained (random weights) - its replies ar
                "Get real weights with: omnidesk models download Qwen/Qwen2.5-Omni-3B")
 
 # Bump when the recipe changes: a demo made by an older recipe is rebuilt.
-RECIPE_VERSION = 4
+RECIPE_VERSION = 6
 SEED = 20261202
 
 TOKENIZER_VOCAB = 1024
@@ -65,6 +65,12 @@ def demo_config() -> dict:
         "enable_audio_output": True,
         "torch_dtype": "float32",
         "thinker_config": dict(model_type="qwen2_5_omni_thinker", text_config=text, audio_config=audio,
+                               # no vision weights are written (OmniDesk hears only); a minimal
+                               # vision config keeps transformers from building a full-size one
+                               vision_config=dict(model_type="qwen2_5_omni_vision_encoder", depth=1, hidden_size=16,
+                                                  intermediate_size=32, num_heads=2, out_hidden_size=hidden,
+                                                  fullatt_block_indexes=[0], window_size=28, patch_size=14,
+                                                  spatial_merge_size=2, temporal_patch_size=2, in_channels=3),
                                audio_token_index=ids["audio"], audio_start_token_id=ids["audio_bos"],
                                audio_end_token_id=ids["audio_eos"], image_token_index=ids["image_pad"],
                                video_token_index=ids["video_pad"], vision_start_token_id=ids["vision_bos"],
@@ -73,8 +79,11 @@ def demo_config() -> dict:
         "talker_config": talker,
         "token2wav_config": {
             "model_type": "qwen2_5_omni_token2wav",
-            # the hub file's spellings (dim/depth/heads), a small DiT with the real block structure
-            "dit_config": dict(model_type="qwen2_5_omni_dit", dim=64, depth=2, heads=2, head_dim=32, ff_mult=2,
+            # A small DiT with the real block structure.  Spelled as transformers reads it: it ignores
+            # the hub file's dim/depth/heads (the real model only loads because its sizes equal
+            # transformers' defaults), and `omnidesk bench` runs this checkpoint through transformers.
+            "dit_config": dict(model_type="qwen2_5_omni_dit", hidden_size=64, num_hidden_layers=2,
+                               num_attention_heads=2, head_dim=32, ff_mult=2,
                                emb_dim=32, repeats=2, num_embeds=CODEC_VOCAB, mel_dim=80, enc_emb_dim=192,
                                enc_dim=32, enc_channels=[64, 64, 64, 64, 192], enc_kernel_sizes=[5, 3, 3, 3, 1],
                                enc_dilations=[1, 2, 3, 4, 1], enc_attention_channels=16, enc_res2net_scale=2,
