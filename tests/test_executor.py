@@ -142,3 +142,29 @@ def test_preemptive_start_discarded_leaves_cache_as_before(stack, speech_like):
     straight = _executor(stack)
     assert prompt == _user_turn(straight, wave, block=20000)
     assert torch.equal(ex.thinker.logits(ex._last_hidden), straight.thinker.logits(straight._last_hidden))
+
+
+@torch.inference_mode()
+def test_cache_full_drops_oldest_turns_and_reprefills(stack, speech_like):
+    ex = _executor(stack, max_reply_tokens=6, max_codec_tokens=10)
+    ex.capacity = 260  # the preallocated cache is larger; the executor honours this limit
+    turns = [speech_like(1.0 + 0.1 * i, seed=30 + i) for i in range(4)]
+    for wave in turns:
+        _user_turn(ex, wave)
+        _run_reply(ex, order="sequential")
+        ex.finish_reply()
+    overflows = ex.take_overflows()
+    assert overflows and all(o["dropped_turns"] >= 1 for o in overflows)
+    assert ex.thinker_cache_length <= 260 and ex.thinker_cache_length == len(ex.ids)
+    # the conversation now starts with the system prompt and the first kept turn
+    first_head = ex._turn_pieces["first_head"]
+    assert ex.ids[:len(first_head)] == first_head and ex.turn_starts[0] == 0
+    # the re-prefilled cache equals a fresh prefill of the kept conversation
+    audio = torch.cat([a for _, a in ex._audio_store])
+    fresh = stack.thinker.new_cache(400)
+    hidden = stack.thinker(stack.thinker.embed(torch.tensor(ex.ids), audio), fresh)
+    assert (stack.thinker.logits(hidden[-1]) - stack.thinker.logits(ex._last_hidden)).abs().max() <= 1e-4
+    # and it keeps talking
+    _user_turn(ex, speech_like(0.8, seed=40))
+    text, codes, _ = _run_reply(ex)
+    assert text and codes

@@ -253,6 +253,9 @@ class Engine:
             prompt = await self._work(self.ex.end_user_turn)
             t = self.now
             turn.prompt_token_ids = list(prompt)
+            overflows = self.ex.take_overflows()
+            if overflows:  # the conversation outgrew the cache: old turns were dropped this turn
+                turn.extra["cache_overflow"] = overflows
             turn.mark("audio_encoded", t)
             turn.mark("prefill_done", t)
             await self._work(self.ex.start_reply, self.config.voice, self.config.seed)

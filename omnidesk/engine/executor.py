@@ -118,6 +118,10 @@ class Executor(ABC):
     @abstractmethod
     def thinker_cache_length(self) -> int: ...
 
+    def take_overflows(self) -> list[dict]:
+        """Cache-full events since the last call (old turns dropped and the rest re-prefilled)."""
+        return []
+
     @property
     @abstractmethod
     def turn_prompt_ids(self) -> list[int]:

@@ -95,6 +95,7 @@ class QwenOmniExecutor(Executor):
         enc = self.thinker.audio_encoder
         self.block_frames = enc.block_frames
         self.block_samples = self.block_frames * stack.features.hop_length
+        self.block_tokens = enc.output_length(self.block_frames)
         self.samples_per_code = self.vocoder.hop_length * self.vocoder.repeats
         self.stop_ids = set(thinker_stop_ids(stack))
         self.im_end_id = stack.tokenizer.token_to_id(SPECIAL_TOKENS["im_end"])
@@ -134,7 +135,12 @@ class QwenOmniExecutor(Executor):
         self.talker_context = 0
         self.ids: list[int] = []
         self.turn_starts: list[int] = []
+        self.head_lengths: list[int] = []  # tokens of each turn's text prefix
         self.prompt_end = 0
+        # encoder outputs of the conversation, with the thinker position they start at: kept so
+        # that dropping old turns can re-prefill the rest without re-encoding
+        self._audio_store: list[tuple[int, torch.Tensor]] = []
+        self.overflows: list[dict] = []  # cache-full drops not yet reported (the engine collects them)
         self._audio = np.zeros(0, dtype=np.float32)
         self._blocks_done = 0
         self._floor: float | None = None
@@ -145,6 +151,10 @@ class QwenOmniExecutor(Executor):
     @property
     def thinker_cache_length(self) -> int:
         return self.thinker_cache.length
+
+    def take_overflows(self) -> list[dict]:
+        out, self.overflows = self.overflows, []
+        return out
 
     @property
     def turn_prompt_ids(self) -> list[int]:
@@ -160,6 +170,8 @@ class QwenOmniExecutor(Executor):
         hidden = self.thinker(embeds, self.thinker_cache)
         is_audio = (t == self.cfg.thinker.audio_token_id)[:, None]
         self.context_rows[start:start + len(ids)] = hidden + embeds.masked_fill(is_audio, 0.0)
+        if audio_tokens is not None and audio_tokens.shape[0]:
+            self._audio_store.append((start + int(is_audio.nonzero()[0, 0]), audio_tokens))
         self.ids.extend(ids)
         self._last_hidden = hidden[-1]
         return hidden
@@ -167,11 +179,14 @@ class QwenOmniExecutor(Executor):
     def begin_user_turn(self) -> None:
         if self._turn_open:
             raise RuntimeError("begin_user_turn: the previous user turn is still open")
+        pieces = self._turn_pieces
+        self._ensure_room(len(pieces["later_head"]) + self.block_tokens + len(pieces["tail"]),
+                          fresh=len(pieces["first_head"]) + self.block_tokens + len(pieces["tail"]))
         closed = bool(self.ids) and self.ids[-1] == self.im_end_id
         head = self._turn_pieces["first_head"] if not self.ids else \
             self._turn_pieces["later_head_closed" if closed else "later_head"]
         self.turn_starts.append(self.thinker_cache.length)
-        self._ensure_room(len(head) + self.block_frames)
+        self.head_lengths.append(len(head))
         self._prefill(head)
         self._audio = np.zeros(0, dtype=np.float32)
         self._blocks_done = 0
@@ -237,11 +252,16 @@ class QwenOmniExecutor(Executor):
         return Mark(self.thinker_cache.length, self.talker_context, self._blocks_done, len(self._audio),
                     self._turn_open, self._floor)
 
+    def _truncate_thinker(self, length: int) -> None:
+        self.thinker_cache.truncate(length)
+        del self.ids[length:]
+        while self._audio_store and self._audio_store[-1][0] >= length:
+            self._audio_store.pop()
+
     def rollback(self, mark: Mark) -> None:
         """Undo everything since ``mark`` (a preemptive reply the user talked over): pointer moves."""
         self._reply = None
-        self.thinker_cache.truncate(mark.thinker_length)
-        del self.ids[mark.thinker_length:]
+        self._truncate_thinker(mark.thinker_length)
         self.talker_cache.truncate(min(self.talker_cache.length, mark.talker_context))
         self.talker_context = mark.talker_context
         self._blocks_done = mark.blocks_done
@@ -249,12 +269,49 @@ class QwenOmniExecutor(Executor):
         self._turn_open = mark.turn_open
         self._floor = mark.floor
 
-    def _ensure_room(self, n: int) -> None:
-        """Make room for n more thinker positions by dropping the oldest turns (re-prefill)."""
-        if self.thinker_cache.length + n <= self.capacity:
+    def _ensure_room(self, n: int, fresh: int | None = None) -> None:
+        """Make room for n more thinker positions: drop the oldest turns and re-prefill the rest.
+
+        The kept turns are re-read after the system prompt (the first kept turn takes the first
+        turn's header); their audio comes from the stored encoder outputs.  The talker context
+        is rebuilt from the new prefill.  Each drop is recorded in ``overflows``.  Between
+        turns every earlier turn may go; the conversation then restarts empty and needs
+        ``fresh`` positions.
+        """
+        length = self.thinker_cache.length
+        if length + n <= self.capacity:
             return
-        raise CacheFullError(f"conversation of {self.thinker_cache.length} tokens + {n} does not fit the "
-                             f"thinker cache ({self.capacity}); start a new conversation")
+        first_head = self._turn_pieces["first_head"]
+        # the turn being built (if open) is never dropped
+        droppable = len(self.turn_starts) - (1 if self._turn_open else 0)
+        for k in range(1, droppable + 1):
+            if k == len(self.turn_starts):  # everything (only between turns)
+                cut = length
+                if (fresh or n) <= self.capacity:
+                    break
+            else:
+                cut = self.turn_starts[k] + self.head_lengths[k]
+                if len(first_head) + (length - cut) + n <= self.capacity:
+                    break
+        else:
+            raise CacheFullError(f"this turn does not fit the thinker cache ({self.capacity} tokens) even "
+                                 f"after dropping every earlier turn; use a larger context")
+        shift = cut - len(first_head)
+        ids = first_head + self.ids[cut:] if cut < length else []
+        audio = [a for pos, a in self._audio_store if pos >= cut]
+        starts = [0] + [s - shift for s in self.turn_starts[k + 1:]] if k < len(self.turn_starts) else []
+        heads = [len(first_head)] + self.head_lengths[k + 1:] if k < len(self.turn_starts) else []
+        prompt_end = self.prompt_end - shift
+        self.thinker_cache.reset()
+        self.talker_cache.reset()
+        self.talker_context = 0
+        self.ids, self._audio_store = [], []
+        if ids:
+            self._prefill(ids, torch.cat(audio) if audio else None)
+        self.turn_starts, self.head_lengths = starts, heads
+        self.prompt_end = max(0, prompt_end)
+        self.dropped_turns += k
+        self.overflows.append({"dropped_turns": k, "reprefilled_tokens": len(ids), "cache_before": length})
 
     # ------------------------------------------------------------------ reply
     def _voice(self, name: str | None):
@@ -391,8 +448,9 @@ class QwenOmniExecutor(Executor):
         r = self._reply
         if r is None:
             return
-        if r["text"] and r["text"][-1] == self.im_end_id:
-            # the closing <|im_end|> was chosen but never fed: it opens the next turn's prefill
+        if r["text"] and r["text"][-1] == self.im_end_id and self.thinker_cache.length < self.capacity:
+            # the closing <|im_end|> was chosen but never fed; with no room left the next turn's
+            # header brings it instead
             self._prefill([self.im_end_id])
         self._close_reply()
 
@@ -432,8 +490,7 @@ class QwenOmniExecutor(Executor):
         before = self.thinker_cache.length
         kept = self.kept_text_tokens(heard_samples)
         after = self.prompt_end + kept
-        self.thinker_cache.truncate(after)
-        del self.ids[after:]
+        self._truncate_thinker(after)
         self._close_reply()
         return Rollback(heard_samples=heard_samples, kept_text_tokens=kept, rolled_back_tokens=before - after,
                         thinker_cache_before=before, thinker_cache_after=after)
