@@ -177,7 +177,8 @@ def cmd_default(args) -> int:
     reply = generate_reply(stack, wave, max_text_tokens=24, max_codec_tokens=100)
     print(f"model ready: {stack.path}")
     print(f"one turn on a synthetic 1.5 s tone: {len(reply.text_ids)} text tokens, {len(reply.codec_ids)} speech tokens")
-    print("The desktop window is not built yet; try: omnidesk reply --input question.wav --output answer.wav")
+    print("The desktop window is not built yet; try: omnidesk talk --input question.wav --output out.wav "
+          "--timeline t.json")
     return 0
 
 
