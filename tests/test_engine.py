@@ -170,3 +170,28 @@ def test_200_random_interruptions(stack, speech_like):
     assert all(n > 5 for n in phases.values()), phases
     # 50 more turns of timeline records is all that may grow (a few KB each)
     assert sizes[1] - sizes[0] < 1e6, sizes
+
+
+def test_engine_thread_runs_the_engine_off_the_caller_thread(stack, speech_like):
+    """The app's arrangement: the engine's loop on its own thread; callers schedule work on it."""
+    import threading
+
+    from omnidesk.engine.engine import EngineThread
+    from omnidesk.engine.vad import Endpointer, EnergyVAD
+
+    thread = EngineThread()
+    try:
+        async def build_and_listen():
+            ex = _executor(stack)
+            engine = Engine(ex, Endpointer(EnergyVAD()), VirtualSpeaker(record=False))
+            wave = _wave(speech_like, 0.6, 9)
+            for i in range(0, wave.size, 640):
+                await engine.on_frame(wave[i:i + 640], i / 16000)
+            engine.close()
+            return threading.current_thread().name, engine.state, len(engine.timeline.turns)
+
+        name, state, turns = thread.call(build_and_listen()).result(timeout=120)
+        assert name == "omnidesk-engine"
+        assert state == TurnState.USER_SPEAKING and turns == 1
+    finally:
+        thread.stop()
