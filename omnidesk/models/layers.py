@@ -123,7 +123,7 @@ class Attention(nn.Module):
             # A one-token decode step: plain matmul-softmax-matmul.  The fused CPU
             # kernel costs ~1 ms of fixed overhead here, far more than the math.
             scores = torch.matmul(qg, keys.transpose(-1, -2)) * self.scale
-            out = torch.matmul(scores.softmax(dim=-1), values)
+            out = torch.matmul(scores.softmax(dim=-1, dtype=torch.float32).to(values.dtype), values)
         else:
             out = F.scaled_dot_product_attention(qg, keys, values, attn_mask=mask, scale=self.scale)
         out = out.view(1, self.n_heads, t, self.head_dim).transpose(1, 2).reshape(1, t, self.q_size)
