@@ -186,6 +186,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="omnidesk", description="A local voice assistant (Qwen2.5-Omni).")
     parser.add_argument("--model", default="demo", help="checkpoint dir, cached repo id, or 'demo' (default)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
+    parser.add_argument("--install-desktop-entry", action="store_true",
+                        help="add OmniDesk to this user's desktop menu (entry + icons) and exit")
     sub = parser.add_subparsers(dest="command")
 
     models = sub.add_parser("models", help="manage model checkpoints")
@@ -237,6 +239,12 @@ def main(argv: list[str] | None = None) -> int:
     from omnidesk.models.loading import CheckpointError
     from omnidesk.models.tokenizer import TokenizerError
 
+    if args.install_desktop_entry:
+        from omnidesk.desktop import install_desktop_entry
+
+        for path in install_desktop_entry():
+            print(f"installed {path}")
+        return 0
     try:
         return args.func(args) if getattr(args, "func", None) else cmd_default(args)
     except (CheckpointError, ConfigError, TokenizerError, KeyError) as e:

@@ -1,0 +1,172 @@
+"""Download a Qwen2.5-Omni checkpoint into the local Hugging Face cache.
+
+This is the only place OmniDesk uses the network, and only when the user asks
+for it (``omnidesk models download``).  ``huggingface_hub.snapshot_download``
+does the work: files that finished downloading are kept in the cache, so an
+interrupted download continues where it stopped when run again, and a
+complete one is not fetched twice.  Only the files the loader reads are
+fetched (no README, images or other extras).  The result is the snapshot
+directory that :func:`omnidesk.models.loading.resolve_checkpoint` finds for
+the repo id.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+from dataclasses import dataclass
+from pathlib import Path
+
+from .loading import CheckpointError, hf_hub_cache, resolve_checkpoint
+
+
+class DownloadError(RuntimeError):
+    """The download failed; the message names the repo, the reason and what to do."""
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    download_gb: float  # approximate size of the files fetched
+    gpu_memory_gb: int  # GPU memory to plan for in bf16
+    guidance: str
+
+
+RECOMMENDED: dict[str, Recommendation] = {
+    "Qwen/Qwen2.5-Omni-3B": Recommendation(
+        11, 16, "about 11 GB to download; in bf16 it fits a 16 GB NVIDIA GPU"),
+    "Qwen/Qwen2.5-Omni-7B": Recommendation(
+        22, 24, "about 22 GB to download; in bf16 it wants an NVIDIA GPU with 24 GB or more"),
+}
+
+# Everything the loader reads (config, weights + index, voices, tokenizer, chat template,
+# feature-extractor config).  Left out: README/.gitattributes, images and other assets.
+ALLOW_PATTERNS = [
+    "*.json",  # config, generation_config, preprocessor_config, index, tokenizer jsons, vocab.json
+    "*.safetensors",
+    "spk_dict.pt",
+    "merges.txt",
+    "vocab.json",
+    "tokenizer*",
+    "chat_template*",
+]
+
+_UNREACHABLE = {"ConnectError", "ConnectTimeout", "ConnectionError", "TimeoutException", "ProxyError",
+                "NewConnectionError", "MaxRetryError", "gaierror"}
+
+
+def _chain(error: BaseException):
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        yield error
+        error = error.__cause__ or error.__context__
+
+
+def _has(error: BaseException, names: set[str]) -> bool:
+    return any(cls.__name__ in names for e in _chain(error) for cls in type(e).__mro__)
+
+
+def _disk_full(error: BaseException) -> bool:
+    return any(isinstance(e, OSError) and e.errno == errno.ENOSPC for e in _chain(error))
+
+
+def _silent_tqdm():
+    """A progress-bar class that never shows (``progress=False``)."""
+    from tqdm.auto import tqdm
+
+    class Silent(tqdm):
+        def __init__(self, *args, **kwargs):
+            kwargs.pop("name", None)
+            kwargs["disable"] = True
+            super().__init__(*args, **kwargs)
+
+    return Silent
+
+
+@contextlib.contextmanager
+def _no_telemetry():
+    """Keep huggingface_hub from fetching its agent registry from the default Hub while building
+    the user agent: a download must talk to the chosen endpoint only."""
+    from huggingface_hub import constants
+
+    old = getattr(constants, "HF_HUB_DISABLE_TELEMETRY", None)
+    constants.HF_HUB_DISABLE_TELEMETRY = True
+    try:
+        yield
+    finally:
+        if old is None:
+            del constants.HF_HUB_DISABLE_TELEMETRY
+        else:
+            constants.HF_HUB_DISABLE_TELEMETRY = old
+
+
+def _describe(repo_id: str, error: BaseException, where: str, cache: Path) -> str:
+    from huggingface_hub import errors as hf
+
+    resume = (f" Files that finished are kept in {cache}; run `omnidesk models download {repo_id}` "
+              f"again to resume.")
+    if isinstance(error, KeyboardInterrupt):
+        return f"download of {repo_id} was interrupted." + resume
+    if _disk_full(error):
+        need = RECOMMENDED.get(repo_id)
+        size = f" (the model needs about {need.download_gb:g} GB)" if need else ""
+        return (f"not enough disk space for {repo_id} in {cache}{size}. Free some space, or point "
+                f"HF_HUB_CACHE at a larger disk, then run the download again to resume.")
+    if isinstance(error, hf.GatedRepoError):
+        return (f"{repo_id} on {where} is gated: accept its terms on the model page and log in "
+                f"(`hf auth login`), then try again.")
+    if isinstance(error, hf.RepositoryNotFoundError):
+        return (f"repository {repo_id} was not found on {where}. Check the name (e.g. Qwen/Qwen2.5-Omni-3B); "
+                f"private repos need a login (`hf auth login`).")
+    if isinstance(error, hf.RevisionNotFoundError):
+        return f"repository {repo_id} on {where} has no 'main' revision."
+    if _has(error, {"OfflineModeIsEnabled"}):
+        return f"cannot download {repo_id}: HF_HUB_OFFLINE is set. Unset it to allow downloads."
+    if isinstance(error, hf.LocalEntryNotFoundError) or _has(error, _UNREACHABLE):
+        return (f"cannot download {repo_id}: the endpoint {where} is unreachable (no network, "
+                f"a firewall, or a wrong HF_ENDPOINT).{resume if cache.exists() else ''}")
+    detail = f"{type(error).__name__}: {error}".strip()
+    return f"download of {repo_id} from {where} stopped ({detail}).{resume}"
+
+
+def download(repo_id: str, cache_dir: Path | None = None, endpoint: str | None = None,
+             progress: bool = True) -> Path:
+    """Fetch ``repo_id`` into the HF cache (resumable) and return its snapshot directory.
+
+    ``cache_dir`` defaults to the cache :func:`hf_hub_cache` reads (HF_HUB_CACHE / HF_HOME /
+    ~/.cache/huggingface/hub); ``endpoint`` defaults to huggingface_hub's own (HF_ENDPOINT).
+    Raises :class:`DownloadError` with a message naming the repo.
+    """
+    from huggingface_hub import constants, snapshot_download
+
+    default_cache = cache_dir is None
+    cache = Path(cache_dir if cache_dir is not None else hf_hub_cache()).expanduser()
+    where = (endpoint or constants.ENDPOINT).rstrip("/")
+    repo_cache = cache / ("models--" + repo_id.replace("/", "--"))
+    kwargs = {} if progress else {"tqdm_class": _silent_tqdm()}
+    if endpoint is not None:
+        kwargs["endpoint"] = endpoint
+    try:
+        with _no_telemetry():
+            snapshot = Path(snapshot_download(repo_id, cache_dir=str(cache), allow_patterns=ALLOW_PATTERNS,
+                                              **kwargs))
+    except DownloadError:
+        raise
+    except (Exception, KeyboardInterrupt) as e:
+        raise DownloadError(_describe(repo_id, e, where, repo_cache)) from e
+
+    if not (snapshot / "config.json").is_file() or not any(snapshot.glob("*.safetensors")):
+        raise DownloadError(f"{repo_id} on {where} does not look like a Qwen2.5-Omni checkpoint "
+                            f"(no config.json or *.safetensors in {snapshot}).")
+    if default_cache or cache.resolve() == hf_hub_cache().resolve():
+        try:
+            found = resolve_checkpoint(repo_id)
+        except CheckpointError as e:
+            raise DownloadError(f"{repo_id} was downloaded to {snapshot} but cannot be found again: {e}") from e
+        if found.resolve() != snapshot.resolve():
+            raise DownloadError(f"{repo_id} was downloaded to {snapshot}, but `{repo_id}` resolves to "
+                                f"{found}; check HF_HUB_CACHE / HF_HOME.")
+    return snapshot
+
+
+__all__ = ["ALLOW_PATTERNS", "DownloadError", "RECOMMENDED", "Recommendation", "download"]
