@@ -49,6 +49,40 @@ def cmd_make_demo(args) -> int:
     return 0
 
 
+def cmd_models_list(args) -> int:
+    from omnidesk.models.inventory import find_checkpoints
+
+    found = find_checkpoints([Path(d) for d in args.dir or []])
+    if not found:
+        print("no Qwen2.5-Omni checkpoints found in the Hugging Face cache"
+              + (" or the given folders" if args.dir else "")
+              + "; get one with: omnidesk models download Qwen/Qwen2.5-Omni-3B")
+        return 0
+    for info in found:
+        state = "ok" if info.loads else "BROKEN"
+        demo = "  (demo: random weights, noise)" if info.demo else ""
+        params = f"{info.params / 1e9:.2f}B" if info.params >= 1e9 else f"{info.params / 1e6:.1f}M"
+        print(f"{info.name}\n    {info.path}\n    {info.size_bytes / 1e9:.2f} GB, {params} params, "
+              f"{info.dtype}, voices: {', '.join(info.voices) or '-'}, {state}{demo}")
+        for problem in info.problems:
+            print(f"    problem: {problem}")
+    return 0
+
+
+def cmd_models_verify(args) -> int:
+    from omnidesk.models.inventory import verify
+
+    report = verify(args.path, load_test=not args.no_load_test)
+    for line in report.checked:
+        print(f"  ok  {line}")
+    for line in getattr(report, "notes", []):
+        print(f"  --  {line}")
+    for line in report.problems:
+        print(f"  !!  {line}")
+    print("verified: no problems" if report.ok else f"{len(report.problems)} problem(s)")
+    return 0 if report.ok else 1
+
+
 def cmd_reply(args) -> int:
     import torch
 
@@ -196,6 +230,13 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--dir", help="where to write it (default: the user cache dir)")
     demo.add_argument("--force", action="store_true", help="rewrite even if it exists")
     demo.set_defaults(func=cmd_make_demo)
+    mlist = msub.add_parser("list", help="Qwen2.5-Omni checkpoints found locally (HF cache and --dir folders)")
+    mlist.add_argument("--dir", action="append", help="also look in this folder (repeatable)")
+    mlist.set_defaults(func=cmd_models_list)
+    mverify = msub.add_parser("verify", help="check a checkpoint: files, headers, tensor names/shapes, a load test")
+    mverify.add_argument("path", help="checkpoint folder or cached repo id")
+    mverify.add_argument("--no-load-test", action="store_true")
+    mverify.set_defaults(func=cmd_models_verify)
 
     reply = sub.add_parser("reply", help="answer one spoken question from a 16 kHz WAV file")
     reply.add_argument("--model", default="demo")

@@ -127,9 +127,14 @@ def default_demo_dir() -> Path:
 
 def make_demo(path: str | os.PathLike | None = None, force: bool = False) -> Path:
     """Write the demo checkpoint (atomically) and return its directory; reuses a complete one."""
+    default = path is None
     path = Path(path) if path else default_demo_dir()
     if (path / "config.json").is_file() and not force:
         return path
+    if default:  # demos of older recipes are dead weight in the user's cache
+        for old in path.parent.glob("demo-qwen2.5-omni-r*"):
+            if old != path and old.is_dir():
+                shutil.rmtree(old, ignore_errors=True)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".demo-", dir=path.parent))
     try:

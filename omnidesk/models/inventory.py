@@ -172,7 +172,7 @@ def check_fits(estimate: MemoryEstimate, free_bytes: int) -> str | None:
         return None
     dtype_name = str(estimate.dtype).removeprefix("torch.")
     ctx, codes = estimate.context_tokens, estimate.talker_codes
-    msg = (f"the model ({estimate.params / 1e9:.1f}B parameters) in {dtype_name} and a context of {ctx} tokens "
+    msg = (f"the model ({estimate.params / 1e9:.1f}B parameters) in {dtype_name} with a context of {ctx} tokens "
            f"needs about {_gib(estimate.total)} but only {_gib(free_bytes)} is free.")
     tips = []
     fit = max_context(estimate.shape, estimate.dtype, free_bytes, codes)

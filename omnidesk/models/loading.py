@@ -32,6 +32,10 @@ class CheckpointError(ValueError):
     """The checkpoint cannot be used; the message says which file / tensor and why."""
 
 
+class ModelTooLargeError(CheckpointError):
+    """The model would not fit the device's free memory (checked before loading anything)."""
+
+
 # Checkpoint prefixes we recognise but do not load, with the reason (shown by `models verify`).
 UNUSED_PREFIXES = {
     "thinker.visual.": "vision encoder (OmniDesk takes audio only)",
@@ -347,7 +351,7 @@ DEFAULT_DEVICE_DTYPE = {"cpu": torch.float32, "cuda": torch.bfloat16}
 
 
 def load_stack(model: str | os.PathLike, device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
-               enable_talker: bool = True) -> OmniStack:
+               enable_talker: bool = True, context_tokens: int = 8192) -> OmniStack:
     """Load a checkpoint directory or cached repo id into a ready :class:`OmniStack`.
 
     dtype defaults to fp32 on the CPU and bf16 on CUDA.  Raises
@@ -359,6 +363,14 @@ def load_stack(model: str | os.PathLike, device: str | torch.device = "cpu", dty
     cfg = OmniConfig.from_file(_require(root, "config.json"))
     if not enable_talker and cfg.talker is not None:
         cfg = OmniConfig(thinker=cfg.thinker, talker=None, token2wav=None, raw=cfg.raw)
+    if device.type == "cuda":
+        # refuse with a suggestion instead of dying of out-of-memory halfway through loading
+        from .inventory import check_fits, estimate_memory
+
+        free, _ = torch.cuda.mem_get_info(device)
+        problem = check_fits(estimate_memory(cfg, dtype, context_tokens), free)
+        if problem:
+            raise ModelTooLargeError(f"{root}: {problem}")
     for name in ("tokenizer.json", "tokenizer_config.json", "preprocessor_config.json"):
         _require(root, name)
     voices = load_voices(_require(root, "spk_dict.pt")) if cfg.talker is not None else {}

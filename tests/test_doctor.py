@@ -1,0 +1,104 @@
+"""`omnidesk doctor`: all checks run, none raises, failures come with fixes."""
+
+from __future__ import annotations
+
+import builtins
+import sys
+
+import pytest
+
+from omnidesk import doctor
+from omnidesk.doctor import Check, format_report, run_checks
+
+NAMES = ["Python", "torch", "GPU", "PortAudio", "audio devices", "webrtcvad", "Qt display", "models", "demo model"]
+
+
+@pytest.fixture
+def empty_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    return tmp_path / "hub"
+
+
+def _by_name(checks):
+    return {c.name: c for c in checks}
+
+
+def test_all_checks_run(empty_cache):
+    checks = run_checks()
+    assert [c.name for c in checks] == NAMES
+    for c in checks:
+        assert isinstance(c, Check) and isinstance(c.ok, bool) and c.detail
+        assert c.ok or c.fix or c.detail.startswith("check failed")
+    c = _by_name(checks)
+    assert c["Python"].ok
+    assert not c["models"].ok and "omnidesk models download Qwen/Qwen2.5-Omni-3B" in c["models"].fix
+    assert str(empty_cache) in c["models"].detail
+    report = format_report(checks)
+    for check in checks:
+        assert check.name in report
+        if not check.ok and check.fix:
+            assert f"fix: {check.fix}" in report
+
+
+def test_fake_hf_cache_model_found(empty_cache):
+    snap = empty_cache / "models--Qwen--Qwen2.5-Omni-3B" / "snapshots" / ("a" * 40)
+    snap.mkdir(parents=True)
+    (snap / "config.json").write_text("{}")
+    (snap.parent.parent / "refs").mkdir()
+    (snap.parent.parent / "refs" / "main").write_text("a" * 40)
+    check = doctor.check_models()
+    assert check.ok and "Qwen/Qwen2.5-Omni-3B" in check.detail
+    assert "✓ models" in format_report([check])
+
+
+def test_portaudio_missing(empty_cache, monkeypatch):
+    real_import = builtins.__import__
+
+    def fake_import(name, *args, **kwargs):
+        if name == "sounddevice":
+            raise OSError("PortAudio library not found")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", fake_import)
+    checks = _by_name(run_checks())
+    assert not checks["PortAudio"].ok and "libportaudio2" in checks["PortAudio"].fix
+    assert not checks["audio devices"].ok
+    assert "apt-get install libportaudio2" in format_report(list(checks.values()))
+
+
+def test_sounddevice_not_installed(empty_cache, monkeypatch):
+    monkeypatch.setitem(sys.modules, "sounddevice", None)  # import raises ImportError
+    checks = _by_name(run_checks())
+    assert not checks["PortAudio"].ok and "pip install sounddevice" in checks["PortAudio"].fix
+
+
+def test_no_audio_devices(monkeypatch):
+    class FakeSD:
+        def query_devices(self, kind=None):
+            if kind:
+                raise RuntimeError("no default device")
+            return [{"name": "hdmi", "max_input_channels": 0, "max_output_channels": 2}]
+
+    monkeypatch.setattr(doctor, "_sounddevice", lambda: FakeSD())
+    check = doctor.check_audio_devices()
+    assert not check.ok and "0 input / 1 output" in check.detail and "microphone" in check.fix
+
+
+def test_no_display(monkeypatch):
+    for var in ("QT_QPA_PLATFORM", "DISPLAY", "WAYLAND_DISPLAY"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr(sys, "platform", "linux")
+    check = doctor.check_qt()
+    assert not check.ok and doctor.QT_NO_DISPLAY in check.detail and "Xvfb" in check.detail
+
+
+def test_a_crashing_check_is_reported_not_raised(monkeypatch):
+    def boom():
+        raise RuntimeError("driver exploded")
+
+    monkeypatch.setattr(doctor, "CHECKS", [("GPU", boom), ("Python", doctor.check_python)])
+    checks = run_checks()
+    assert [c.name for c in checks] == ["GPU", "Python"]
+    assert not checks[0].ok and "driver exploded" in checks[0].detail
+    assert "✗ GPU" in format_report(checks)
