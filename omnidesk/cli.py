@@ -83,6 +83,30 @@ def cmd_models_verify(args) -> int:
     return 0 if report.ok else 1
 
 
+def cmd_models_download(args) -> int:
+    from omnidesk.models.download import RECOMMENDED, DownloadError, download
+
+    hint = RECOMMENDED.get(args.repo)
+    if hint:
+        print(f"{args.repo}: about {hint.download_gb} GB to download; {hint.guidance}")
+    try:
+        path = download(args.repo, cache_dir=Path(args.cache_dir) if args.cache_dir else None,
+                        endpoint=args.endpoint, progress=not args.no_progress)
+    except DownloadError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    print(f"downloaded to {path}\nuse it with: omnidesk --model {args.repo}")
+    return 0
+
+
+def cmd_doctor(args) -> int:
+    from omnidesk.doctor import format_report, run_checks
+
+    checks = run_checks()
+    print(format_report(checks))
+    return 0 if all(c.ok for c in checks) else 1
+
+
 def cmd_reply(args) -> int:
     import torch
 
@@ -237,6 +261,15 @@ def main(argv: list[str] | None = None) -> int:
     mverify.add_argument("path", help="checkpoint folder or cached repo id")
     mverify.add_argument("--no-load-test", action="store_true")
     mverify.set_defaults(func=cmd_models_verify)
+    mdl = msub.add_parser("download", help="download Qwen/Qwen2.5-Omni-3B or -7B (only when you ask; resumable)")
+    mdl.add_argument("repo", help="e.g. Qwen/Qwen2.5-Omni-3B")
+    mdl.add_argument("--endpoint", help="another hub endpoint (a mirror)")
+    mdl.add_argument("--cache-dir", help="download into this cache instead of the Hugging Face cache")
+    mdl.add_argument("--no-progress", action="store_true")
+    mdl.set_defaults(func=cmd_models_download)
+
+    doctor = sub.add_parser("doctor", help="check Python, torch/GPU, audio, Qt and models, and say what to fix")
+    doctor.set_defaults(func=cmd_doctor)
 
     reply = sub.add_parser("reply", help="answer one spoken question from a 16 kHz WAV file")
     reply.add_argument("--model", default="demo")
