@@ -39,3 +39,24 @@ def speech_like():
         return (wave * (0.6 + 0.4 * torch.sin(2 * torch.pi * 3 * t)) + 0.01 * torch.randn(t.shape, generator=g)).float()
 
     return make
+
+
+@pytest.fixture
+def ckpt(tiny_checkpoints, tmp_path):
+    """A private, damageable copy of tiny checkpoint "a"."""
+    import shutil
+
+    src, _ = tiny_checkpoints("a")
+    dst = tmp_path / "ckpt"
+    shutil.copytree(src, dst)
+    return dst
+
+
+@pytest.fixture(scope="session")
+def sharded(tmp_path_factory):
+    """Checkpoint "a" (same seed, same weights) written by transformers in several shards; do not damage it."""
+    import tiny
+
+    path = tmp_path_factory.mktemp("tiny-a-sharded")
+    tiny.write_checkpoint(path, "a", max_shard_size="200KB")
+    return path

@@ -21,21 +21,8 @@ GiB = 2**30
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
 
-@pytest.fixture
-def ckpt(tiny_checkpoints, tmp_path):
-    src, _ = tiny_checkpoints("a")
-    dst = tmp_path / "ckpt"
-    shutil.copytree(src, dst)
-    return dst
 
 
-@pytest.fixture(scope="module")
-def sharded(tmp_path_factory):
-    import tiny
-
-    path = tmp_path_factory.mktemp("inv-sharded")
-    tiny.write_checkpoint(path, "a", max_shard_size="200KB")
-    return path
 
 
 def _fake_hub(hub: Path, repo: str, src: Path) -> Path:

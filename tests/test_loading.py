@@ -19,23 +19,8 @@ from omnidesk.models.loading import CheckpointError, hf_hub_cache, load_stack, r
 IDS = torch.tensor([1, 5, 42, 100, 300, 519])
 
 
-@pytest.fixture
-def ckpt(tiny_checkpoints, tmp_path):
-    """A private, damageable copy of tiny checkpoint "a"."""
-    src, _ = tiny_checkpoints("a")
-    dst = tmp_path / "ckpt"
-    shutil.copytree(src, dst)
-    return dst
 
 
-@pytest.fixture(scope="module")
-def sharded(tmp_path_factory):
-    """Checkpoint "a" (same seed, same weights) written by transformers in several shards."""
-    import tiny
-
-    path = tmp_path_factory.mktemp("tiny-a-sharded")
-    tiny.write_checkpoint(path, "a", max_shard_size="200KB")
-    return path
 
 
 def _raises(exc_type, *args, **kwargs) -> str:
