@@ -108,21 +108,19 @@ def cmd_doctor(args) -> int:
 
 
 def cmd_reply(args) -> int:
-    import torch
-
-    from omnidesk.models.reply import generate_reply, talker_defaults
+    from omnidesk.engine.offline import generate_reply
+    from omnidesk.models.reply import talker_defaults
     from omnidesk.models.sampling import SamplingParams
 
     stack = _load(args.model, args.device)
     wave = _read_wav(Path(args.input), stack.features.sampling_rate)
-    generator = torch.Generator(device=stack.device).manual_seed(args.seed)
     t0 = time.perf_counter()
     reply = generate_reply(stack, wave, voice=args.voice,
                            thinker_sampling=SamplingParams(greedy=True) if args.greedy else
                            SamplingParams(temperature=0.7, top_p=0.9),
                            talker_sampling=talker_defaults(stack, greedy=args.greedy),
                            max_text_tokens=args.max_text_tokens, max_codec_tokens=args.max_codec_tokens,
-                           generator=generator)
+                           seed=args.seed)
     elapsed = time.perf_counter() - t0
     print(f"heard {wave.shape[0] / stack.features.sampling_rate:.2f} s -> {len(reply.prompt_ids)} prompt tokens")
     print(f"reply text ({len(reply.text_ids)} tokens): {reply.text!r}")
@@ -227,7 +225,7 @@ def cmd_default(args) -> int:
     """No subcommand: until the desktop window exists, run one turn of the demo/best model in the terminal."""
     import torch
 
-    from omnidesk.models.reply import generate_reply
+    from omnidesk.engine.offline import generate_reply
 
     stack = _load(args.model, args.device)
     t = torch.arange(int(1.5 * stack.features.sampling_rate)) / stack.features.sampling_rate

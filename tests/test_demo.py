@@ -11,7 +11,7 @@ import torch
 from omnidesk.models.config import OmniConfig
 from omnidesk.models.demo import DEMO_NOTICE, is_demo, make_demo
 from omnidesk.models.loading import load_stack
-from omnidesk.models.reply import generate_reply
+from omnidesk.engine.offline import generate_reply
 
 REAL_7B = Path(__file__).parent / "data" / "qwen2_5_omni_7b" / "config.json"
 HUB_FILES = {"config.json", "generation_config.json", "model.safetensors", "spk_dict.pt", "tokenizer.json",
@@ -47,8 +47,7 @@ def test_demo_runs_a_turn_and_says_it_is_noise(tmp_path, speech_like):
     stack = load_stack(make_demo(tmp_path / "d"))
     assert is_demo(stack.config.raw) and "noise" in DEMO_NOTICE
     assert set(stack.voices) == {"Chelsie", "Ethan"}
-    reply = generate_reply(stack, speech_like(1.2), max_text_tokens=10, max_codec_tokens=40,
-                           generator=torch.Generator().manual_seed(0))
+    reply = generate_reply(stack, speech_like(1.2), max_text_tokens=10, max_codec_tokens=40, seed=0)
     assert len(reply.text_ids) == 10 or reply.text_ids[-1] in (stack.tokenizer.special_ids["im_end"],)
     assert 0 < len(reply.codec_ids) <= 40
     assert all(0 <= c < stack.config.talker.decoder.vocab_size for c in reply.codec_ids)
@@ -87,8 +86,7 @@ def test_cli_reply_on_missing_checkpoint_is_a_clear_error(tmp_path):
 
 def test_demo_reply_is_clearly_audible(tmp_path, speech_like):
     stack = load_stack(make_demo(tmp_path / "d"))
-    reply = generate_reply(stack, speech_like(1.0), max_text_tokens=8, max_codec_tokens=120,
-                           generator=torch.Generator().manual_seed(1))
+    reply = generate_reply(stack, speech_like(1.0), max_text_tokens=8, max_codec_tokens=120, seed=1)
     v = stack.voices["Ethan"]
     wave = stack.vocoder.offline(torch.tensor(reply.codec_ids), stack.vocoder.voice(v.cond, v.ref_mel), seed=1)
     rms = wave.pow(2).mean().sqrt().item()

@@ -6,7 +6,8 @@ import torch
 
 from omnidesk.engine.executors.qwen2_5_omni import QwenOmniExecutor
 from omnidesk.models.loading import load_stack
-from omnidesk.models.reply import generate_reply, talker_defaults
+from omnidesk.engine.offline import generate_reply
+from omnidesk.models.reply import talker_defaults
 from omnidesk.models.sampling import SamplingParams
 
 
@@ -56,7 +57,9 @@ def _run_reply(ex, order="interleaved", seed=0):
 
 
 @torch.inference_mode()
-def test_executor_equals_sequential_reference_path(stack, speech_like):
+def test_listening_in_frames_equals_the_whole_utterance(stack, speech_like):
+    """Blocks prefilled while the user speaks (40 ms at a time) give the prompt and reply of the
+    whole utterance given at once (what the transformers tests check against generate)."""
     wave = speech_like(2.3, seed=5)
     ex = _executor(stack)
     prompt = _user_turn(ex, wave, block=640)  # 40 ms frames, blocks prefilled while "speaking"

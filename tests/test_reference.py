@@ -11,7 +11,8 @@ import torch
 
 from omnidesk.models.features import log_mel
 from omnidesk.models.loading import load_stack
-from omnidesk.models.reply import audio_prompt, generate_reply, talker_defaults
+from omnidesk.engine.offline import generate_reply
+from omnidesk.models.reply import audio_prompt, talker_defaults
 from omnidesk.models.sampling import SamplingParams
 
 TOL = 1e-4

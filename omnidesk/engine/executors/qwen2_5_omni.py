@@ -193,15 +193,16 @@ class QwenOmniExecutor(Executor):
         self._floor = None
         self._turn_open = True
 
-    def _features(self, end_sample: int) -> torch.Tensor:
+    def _features(self) -> torch.Tensor:
         """Log-mel frames of the utterance so far, with the running dynamic-range floor.
 
         The reference's floor is (max over the whole utterance) - 8; while the user
-        is still speaking we only know the max so far, so blocks are encoded with
-        the floor as it stands (it can only rise).  Identical to the whole-utterance
-        features unless an early block holds values 80 dB below a later peak.
+        is still speaking we only know the max of the audio received so far, so
+        blocks are encoded with the floor as it stands (it can only rise).  Given
+        the whole utterance at once this is exactly the reference; streamed, it is
+        identical unless an early block holds values 80 dB below a later peak.
         """
-        wave = torch.from_numpy(self._audio[:end_sample])
+        wave = torch.from_numpy(self._audio)
         raw = log_mel(wave, self.stack.features, floor=float("-inf"))
         # log_mel returns (log10 + 4) / 4; the floor applies to log10 values
         peak = float(raw.max()) * 4 - 4
@@ -219,9 +220,11 @@ class QwenOmniExecutor(Executor):
         self._audio = np.concatenate([self._audio, np.asarray(samples, dtype=np.float32)])
         added = 0
         margin = self.stack.features.n_fft // 2  # the STFT window of a block's last frame reaches past it
+        feats = None
         while len(self._audio) >= (self._blocks_done + 1) * self.block_samples + margin:
             start = self._blocks_done * self.block_frames
-            feats = self._features((self._blocks_done + 1) * self.block_samples + margin)
+            if feats is None:
+                feats = self._features()
             tokens = self._encode(feats[:, start:start + self.block_frames])
             ids = [self.cfg.thinker.audio_token_id] * tokens.shape[0]
             self._ensure_room(len(ids) + len(self._turn_pieces["tail"]))
@@ -238,7 +241,7 @@ class QwenOmniExecutor(Executor):
         ids: list[int] = []
         tokens = None
         if total_frames > start:
-            feats = self._features(len(self._audio))
+            feats = self._features()
             tokens = self._encode(feats[:, start:total_frames])
             ids = [self.cfg.thinker.audio_token_id] * tokens.shape[0]
         ids += self._turn_pieces["tail"]
