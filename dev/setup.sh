@@ -12,8 +12,10 @@ extras=""
 [ "${1:-}" = "--test" ] && extras="[test]"
 
 system_packages=(libportaudio2 libegl1 libgl1 libxkbcommon0 libfontconfig1 libglib2.0-0 libdbus-1-3)
-# the test suite validates the desktop entry and the AppStream metainfo
-[ "${1:-}" = "--test" ] && system_packages+=(desktop-file-utils appstream)
+# the test suite validates the desktop entry and the AppStream metainfo, runs a private PulseAudio
+# server with null sinks as virtual speaker and microphone, and speaks test phrases with espeak-ng
+[ "${1:-}" = "--test" ] && system_packages+=(desktop-file-utils appstream pulseaudio pulseaudio-utils
+                                             libasound2-plugins espeak-ng)
 missing=()
 if command -v dpkg >/dev/null 2>&1; then
   for p in "${system_packages[@]}"; do
