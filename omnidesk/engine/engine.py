@@ -80,7 +80,6 @@ class _Reply:
     pending: list[np.ndarray] = field(default_factory=list)  # audio not yet in the speaker
     on_speaker: bool = False  # the speaker's current reply is this one
     produced_samples: int = 0
-    generation_done: bool = False
     task: asyncio.Task | None = None
     mark: object = None  # executor mark taken before the preemptive start
 
@@ -285,10 +284,9 @@ class Engine:
                     break
                 if out.text_token is None and out.codec_token is None and not out.audio:
                     await asyncio.sleep(0)  # nothing to do this instant
-            reply.generation_done = True
             turn.mark("reply_done", self.now)
             turn.reply_audio_s = reply.produced_samples / self.ex.sample_rate_out
-            turn.text = self._decode(turn.text_token_ids)
+            turn.text = self.ex.decode(turn.text_token_ids)
             # play out: wait for the speaker to drain, then keep the whole reply in the conversation
             while reply.held or reply.pending or self.speaker.buffered_samples:
                 self._progress.set()
@@ -305,10 +303,6 @@ class Engine:
             raise
         finally:
             self._progress.set()
-
-    def _decode(self, ids: list[int]) -> str:
-        tok = getattr(getattr(self.ex, "stack", None), "tokenizer", None)
-        return tok.decode(ids) if tok is not None else ""
 
     def _heard(self, reply: _Reply) -> int:
         """Samples of this reply that reached the speaker (the playhead belongs to the speaker's current reply)."""
@@ -336,7 +330,7 @@ class Engine:
         turn = reply.turn
         turn.played_audio_s = heard / self.ex.sample_rate_out
         turn.reply_audio_s = reply.produced_samples / self.ex.sample_rate_out
-        turn.text = self._decode(turn.text_token_ids)
+        turn.text = self.ex.decode(turn.text_token_ids)
         rb = await self._work(self.ex.interrupt, heard)
         if not turn.prompt_token_ids:  # cut during the prefill: the executor closed the turn
             turn.prompt_token_ids = list(self.ex.turn_prompt_ids)

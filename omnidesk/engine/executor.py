@@ -118,6 +118,10 @@ class Executor(ABC):
     @abstractmethod
     def thinker_cache_length(self) -> int: ...
 
+    @abstractmethod
+    def decode(self, text_ids: list[int]) -> str:
+        """Reply text of these ids (for the timeline and the UI)."""
+
     def take_overflows(self) -> list[dict]:
         """Cache-full events since the last call (old turns dropped and the rest re-prefilled)."""
         return []

@@ -39,7 +39,6 @@ class ScriptedEndpointer(Endpointer):
         self._utt: list[np.ndarray] = []
         self._active = False
         self._ending = False
-        self._start_t = None
 
     def begin(self) -> None:
         self._utt, self._active, self._ending = [], True, False
@@ -69,7 +68,6 @@ class ScriptedEndpointer(Endpointer):
         if not self._active:
             return events
         if not self._utt and not self._ending:
-            self._start_t = t
             events.append(SpeechStart(t, t))
         if self._ending:
             events.append(Endpoint(t, t))

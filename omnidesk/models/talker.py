@@ -78,7 +78,6 @@ class ReplyFeed:
         self._queue: deque[torch.Tensor] = deque()
         self.finished = False
         self._eos_sent = False
-        self.consumed = 0  # reply positions handed out (excludes eos/pad)
 
     def push(self, vector: torch.Tensor) -> None:
         if self.finished:
@@ -95,7 +94,6 @@ class ReplyFeed:
 
     def next(self) -> torch.Tensor | None:
         if self._queue:
-            self.consumed += 1
             return self._queue.popleft()
         if not self.finished:
             return None

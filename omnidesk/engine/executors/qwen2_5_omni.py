@@ -146,11 +146,13 @@ class QwenOmniExecutor(Executor):
         self._floor: float | None = None
         self._turn_open = False
         self._reply = None
-        self.dropped_turns = 0
 
     @property
     def thinker_cache_length(self) -> int:
         return self.thinker_cache.length
+
+    def decode(self, text_ids: list[int]) -> str:
+        return self.stack.tokenizer.decode(text_ids)
 
     def take_overflows(self) -> list[dict]:
         out, self.overflows = self.overflows, []
@@ -313,7 +315,6 @@ class QwenOmniExecutor(Executor):
             self._prefill(ids, torch.cat(audio) if audio else None)
         self.turn_starts, self.head_lengths = starts, heads
         self.prompt_end = max(0, prompt_end)
-        self.dropped_turns += k
         self.overflows.append({"dropped_turns": k, "reprefilled_tokens": len(ids), "cache_before": length})
 
     # ------------------------------------------------------------------ reply
@@ -344,7 +345,7 @@ class QwenOmniExecutor(Executor):
             "text": [], "codes": [], "next_token": None, "thinker_done": False, "talker_done": False,
             "talker_logits": None, "first_vector": None,
             "stream": self.vocoder.stream(vcond, seed=seed, plan=self.plan), "vocoded": 0,
-            "bos_embed": w[self.stack.voices[name].bos_token], "samples_made": 0,
+            "bos_embed": w[self.stack.voices[name].bos_token],
         }
         self._reply["next_token"] = text_sampler.choose(self.thinker.logits(self._last_hidden))
 
@@ -438,9 +439,7 @@ class QwenOmniExecutor(Executor):
         chunks = stream.push(new) if new else []
         if final:
             chunks += stream.flush()
-        out = [c.cpu().numpy() for c in chunks]
-        r["samples_made"] += sum(c.size for c in out)
-        return out
+        return [c.cpu().numpy() for c in chunks]
 
     def _close_reply(self) -> None:
         # speech rows of this reply are not context: the next reply re-adds the reply's text rows
