@@ -162,12 +162,10 @@ def cmd_talk(args) -> int:
     import soundfile as sf
 
     from omnidesk.engine.engine import EngineConfig
-    from omnidesk.engine.executors.qwen2_5_omni import QwenOmniExecutor, thinker_defaults
+    from omnidesk.engine.executors.qwen2_5_omni import executor_for
     from omnidesk.engine.talk import Script, latency_table, run_script
     from omnidesk.engine.timeline import Timeline
     from omnidesk.models.demo import is_demo
-    from omnidesk.models.reply import talker_defaults
-    from omnidesk.models.sampling import SamplingParams
 
     stack = _load(args.model, args.device)
     rate = stack.features.sampling_rate
@@ -179,17 +177,8 @@ def cmd_talk(args) -> int:
             barge = (float(seconds), _read_wav(Path(path), rate).numpy().astype(np.float32))
         except ValueError:
             raise SystemExit(f"error: --barge-in wants SECONDS:FILE.wav, got {args.barge_in!r}") from None
-    limits = {}
-    if is_demo(stack.config.raw):
-        # an untrained model rarely says "stop": keep its replies short (about 6 s)
-        limits = {"max_reply_tokens": 48, "max_codec_tokens": 300}
-    if args.max_text_tokens:
-        limits["max_reply_tokens"] = args.max_text_tokens
-    if args.max_codec_tokens:
-        limits["max_codec_tokens"] = args.max_codec_tokens
-    executor = QwenOmniExecutor(
-        stack, **limits, thinker_sampling=SamplingParams(greedy=True) if args.greedy else thinker_defaults(stack),
-        talker_sampling=talker_defaults(stack, greedy=args.greedy))
+    executor = executor_for(stack, greedy=args.greedy, max_text_tokens=args.max_text_tokens,
+                            max_codec_tokens=args.max_codec_tokens)
     timeline = Timeline(model={"path": str(stack.path), "demo": is_demo(stack.config.raw),
                                "dtype": str(stack.dtype).replace("torch.", "")}, device=str(stack.device))
     config = EngineConfig(voice=args.voice, seed=args.seed)

@@ -496,3 +496,23 @@ class QwenOmniExecutor(Executor):
         self._close_reply()
         return Rollback(heard_samples=heard_samples, kept_text_tokens=kept, rolled_back_tokens=before - after,
                         thinker_cache_before=before, thinker_cache_after=after)
+
+
+def executor_for(stack: OmniStack, greedy: bool = False, max_text_tokens: int | None = None,
+                 max_codec_tokens: int | None = None) -> QwenOmniExecutor:
+    """The executor every front end (talk, live, the window) uses for a loaded stack.
+
+    The demo model rarely says "stop" (it is untrained), so its replies are capped
+    at about 6 s unless the caller sets limits."""
+    from omnidesk.models.demo import is_demo
+
+    limits: dict[str, int] = {}
+    if is_demo(stack.config.raw):
+        limits = {"max_reply_tokens": 48, "max_codec_tokens": 300}
+    if max_text_tokens:
+        limits["max_reply_tokens"] = max_text_tokens
+    if max_codec_tokens:
+        limits["max_codec_tokens"] = max_codec_tokens
+    return QwenOmniExecutor(
+        stack, **limits, thinker_sampling=SamplingParams(greedy=True) if greedy else thinker_defaults(stack),
+        talker_sampling=talker_defaults(stack, greedy=greedy))
