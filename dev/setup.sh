@@ -11,7 +11,10 @@ cd "$(dirname "$0")/.."
 extras=""
 [ "${1:-}" = "--test" ] && extras="[test]"
 
-system_packages=(libportaudio2 libegl1 libgl1 libxkbcommon0 libfontconfig1 libglib2.0-0 libdbus-1-3)
+system_packages=(libportaudio2 libegl1 libgl1 libxkbcommon0 libfontconfig1 libglib2.0-0 libdbus-1-3
+                 # Qt's X11 platform plugin aborts without these
+                 libxkbcommon-x11-0 libxcb-cursor0 libxcb-icccm4 libxcb-keysyms1 libxcb-image0
+                 libxcb-render-util0 libxcb-shape0)
 # the test suite validates the desktop entry and the AppStream metainfo, runs a private PulseAudio
 # server with null sinks as virtual speaker and microphone, and speaks test phrases with espeak-ng
 [ "${1:-}" = "--test" ] && system_packages+=(desktop-file-utils appstream pulseaudio pulseaudio-utils

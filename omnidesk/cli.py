@@ -182,8 +182,13 @@ def cmd_talk(args) -> int:
     timeline = Timeline(model={"path": str(stack.path), "demo": is_demo(stack.config.raw),
                                "dtype": str(stack.dtype).replace("torch.", "")}, device=str(stack.device))
     config = EngineConfig(voice=args.voice, seed=args.seed)
+    detector = None
+    if args.vad == "webrtc":
+        from omnidesk.audio.vad import WebRtcVAD
+
+        detector = WebRtcVAD(sample_rate=rate)
     engine, speaker = asyncio.run(run_script(executor, Script(inputs, barge, args.no_vad), config, timeline,
-                                             realtime=not args.fast))
+                                             realtime=not args.fast, detector=detector))
     sf.write(args.output, speaker.recording(), speaker.sample_rate)
     timeline.extra["preemptive_used"] = engine.stats.preemptive_used
     timeline.extra["preemptive_discarded"] = engine.stats.preemptive_discarded
@@ -191,6 +196,74 @@ def cmd_talk(args) -> int:
     timeline.write(args.timeline)
     print(latency_table(timeline))
     print(f"wrote {args.output} ({speaker.clock_samples / speaker.sample_rate:.1f} s) and {args.timeline}")
+    return 0
+
+
+def cmd_live(args) -> int:
+    """A conversation on real audio devices in the terminal: one latency line per turn."""
+    import threading
+
+    from omnidesk.audio.device import AudioDeviceError, list_devices
+    from omnidesk.audio.session import LiveSession, LiveSettings
+    from omnidesk.engine.engine import EngineConfig
+    from omnidesk.engine.executors.qwen2_5_omni import executor_for
+    from omnidesk.engine.talk import LATENCY_HEADER, latency_row
+    from omnidesk.engine.timeline import Timeline
+    from omnidesk.models.demo import is_demo
+
+    if args.list_devices:
+        try:
+            devices = list_devices()
+        except AudioDeviceError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        for d in devices:
+            marks = [m for m, on in (("default input", d.is_default_input), ("default output", d.is_default_output)) if on]
+            print(f"{d.index:3d}  {d.name}  (in {d.inputs}, out {d.outputs}, {d.default_rate:.0f} Hz, {d.hostapi})"
+                  + (f"  [{', '.join(marks)}]" if marks else ""))
+        return 0
+    stack = _load(args.model, args.device)
+    executor = executor_for(stack)
+    timeline = Timeline(model={"path": str(stack.path), "demo": is_demo(stack.config.raw),
+                               "dtype": str(stack.dtype).replace("torch.", "")}, device=str(stack.device))
+    finished = threading.Event()
+    turns_done = [0]
+
+    def on_update(kind, payload):
+        if kind in ("done", "interrupted"):
+            turns_done[0] += 1
+            print(latency_row(turns_done[0], payload), flush=True)
+            if args.turns and turns_done[0] >= args.turns:
+                finished.set()
+        elif kind == "turn":
+            print("  (you're speaking)", flush=True)
+        elif kind == "error":
+            print(f"error: {payload}", file=sys.stderr, flush=True)
+            finished.set()
+
+    settings = LiveSettings(input_device=args.input_device, output_device=args.output_device,
+                            headphones=args.headphones, barge_in_confirm_ms=args.barge_in_ms)
+    session = LiveSession(executor, settings, EngineConfig(voice=args.voice, seed=args.seed), on_update, timeline)
+    try:
+        session.start()
+    except AudioDeviceError as e:
+        print(f"error: {e}\n(see `omnidesk live --list-devices`)", file=sys.stderr)
+        return 2
+    print(f"listening on {session.audio.describe()}; echo cancellation "
+          f"{'off (headphones)' if args.headphones else 'on'}. Speak; Ctrl-C to stop.")
+    print(LATENCY_HEADER, flush=True)
+    try:
+        finished.wait(args.duration or None)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        session.close()
+    if args.timeline:
+        timeline.write(args.timeline)
+    stats = session.stats
+    erle = session.echo_reduction_db()
+    print(f"{len(timeline.turns)} turns; barge-ins {stats.barge_ins} confirmed, {stats.false_barge_ins} false; "
+          f"echo reduction {'-' if erle is None else f'{erle:.1f} dB'}")
     return 0
 
 
@@ -211,26 +284,42 @@ def cmd_bench(args) -> int:
 
 
 def cmd_default(args) -> int:
-    """No subcommand: until the desktop window exists, run one turn of the demo/best model in the terminal."""
+    """No subcommand: the desktop window, on the best model available (--model, else the one picked
+    in the window last time, else a Qwen2.5-Omni checkpoint in the Hugging Face cache, else the demo
+    model).  Without a display (SSH, containers) it runs one check turn in the terminal instead."""
+    from omnidesk.gui.app import display_problem
+
+    problem = display_problem()
+    if problem is None:
+        try:
+            import PySide6  # noqa: F401
+        except ImportError:
+            problem = "the window needs PySide6 (pip install PySide6-Essentials)"
+    if problem is None:
+        from omnidesk.gui.app import print_demo_notice, run
+
+        return run(args.model, args.device, on_model_loaded=print_demo_notice)
+
     import torch
 
     from omnidesk.engine.offline import generate_reply
+    from omnidesk.gui.model_loader import choose_model, default_device
 
-    stack = _load(args.model, args.device)
+    print(f"{problem}\nRunning one check turn in the terminal instead.", file=sys.stderr)
+    stack = _load(choose_model(args.model).source, args.device or default_device())
     t = torch.arange(int(1.5 * stack.features.sampling_rate)) / stack.features.sampling_rate
     wave = (0.3 * torch.sin(2 * torch.pi * 180 * t) * torch.sin(torch.pi * t / 1.5)).float()
     reply = generate_reply(stack, wave, max_text_tokens=24, max_codec_tokens=100)
     print(f"model ready: {stack.path}")
     print(f"one turn on a synthetic 1.5 s tone: {len(reply.text_ids)} text tokens, {len(reply.codec_ids)} speech tokens")
-    print("The desktop window is not built yet; try: omnidesk talk --input question.wav --output out.wav "
-          "--timeline t.json")
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="omnidesk", description="A local voice assistant (Qwen2.5-Omni).")
-    parser.add_argument("--model", default="demo", help="checkpoint dir, cached repo id, or 'demo' (default)")
-    parser.add_argument("--device", default="cpu", help="cpu or cuda")
+    # None = choose: the window's last pick, else a cached checkpoint, else the demo (cmd_default)
+    parser.add_argument("--model", help="checkpoint dir, cached repo id, or 'demo' (default: the best available)")
+    parser.add_argument("--device", help="cpu or cuda (default: cuda when available)")
     parser.add_argument("--install-desktop-entry", action="store_true",
                         help="add OmniDesk to this user's desktop menu (entry + icons) and exit")
     sub = parser.add_subparsers(dest="command")
@@ -276,6 +365,8 @@ def main(argv: list[str] | None = None) -> int:
     talk.add_argument("--input", action="append", required=True, help="16 kHz WAV, one user utterance (repeatable)")
     talk.add_argument("--barge-in", help="SECONDS:FILE.wav played into the mic that long after the first reply starts")
     talk.add_argument("--no-vad", action="store_true", help="each input file is exactly one turn")
+    talk.add_argument("--vad", choices=("webrtc", "energy"), default="webrtc",
+                      help="speech detector: webrtcvad (as the app) or a plain energy threshold")
     talk.add_argument("--greedy", action="store_true")
     talk.add_argument("--seed", type=int, default=0)
     talk.add_argument("--voice")
@@ -285,6 +376,22 @@ def main(argv: list[str] | None = None) -> int:
     talk.add_argument("--output", required=True, help="WAV of what the speaker played (24 kHz)")
     talk.add_argument("--timeline", required=True, help="per-turn latency timeline (JSON)")
     talk.set_defaults(func=cmd_talk)
+
+    live = sub.add_parser("live", help="a conversation on real audio devices in the terminal")
+    live.add_argument("--model", default="demo")
+    live.add_argument("--device", default="cpu")
+    live.add_argument("--input-device", help="microphone: name (or part of it) or index (default: system default)")
+    live.add_argument("--output-device", help="speaker: name (or part of it) or index (default: system default)")
+    live.add_argument("--list-devices", action="store_true", help="list audio devices and exit")
+    live.add_argument("--headphones", action="store_true", help="no echo cancellation (nothing leaks to the mic)")
+    live.add_argument("--barge-in-ms", type=float, default=300.0,
+                      help="speech needed to interrupt a reply (shorter sounds only pause it)")
+    live.add_argument("--voice")
+    live.add_argument("--seed", type=int, default=0)
+    live.add_argument("--turns", type=int, help="stop after this many replies")
+    live.add_argument("--duration", type=float, help="stop after this many seconds")
+    live.add_argument("--timeline", help="write the session's timeline (JSON) here at the end")
+    live.set_defaults(func=cmd_live)
 
     bench = sub.add_parser("bench", help="latency and throughput benchmark, JSON (vs transformers when installed)")
     bench.add_argument("--model", default="demo")

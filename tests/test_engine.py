@@ -7,6 +7,7 @@ import random
 import subprocess
 import sys
 import tracemalloc
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -40,9 +41,9 @@ def _executor(stack, **kw):
                             max_codec_tokens=kw.pop("max_codec_tokens", 150), **kw)
 
 
-def test_talk_cli_writes_audio_and_a_complete_timeline(tmp_path, demo_dir, speech_like):
-    q = tmp_path / "q.wav"
-    sf.write(str(q), _wave(speech_like, 1.3), 16000)
+def test_talk_cli_writes_audio_and_a_complete_timeline(tmp_path, demo_dir):
+    # real (synthetic) speech: `talk` detects it with webrtcvad, as the app does
+    q = Path(__file__).parent / "fixtures" / "question.wav"
     out, tl = tmp_path / "out.wav", tmp_path / "t.json"
     env = {"XDG_CACHE_HOME": str(demo_dir.parent.parent / "cache"), "PATH": "/usr/bin:/bin"}
     res = subprocess.run([sys.executable, "-m", "omnidesk", "talk", "--model", str(demo_dir), "--input", str(q),

@@ -62,6 +62,10 @@ class EngineConfig:
     barge_in: bool = True  # user speech during a reply interrupts it
     thinker_lead: int = 24  # text tokens the thinker may run ahead of the talker
     max_audio_ahead_s: float = 2.0  # generated audio waiting to be played before generation pauses
+    # After a reply has played, its echo still reaches the microphone for a moment (room, device
+    # buffers); until then only a barge-in-length run of speech starts a turn, so a residue of the
+    # assistant's own voice is not taken for the user.
+    echo_tail_s: float = 0.5
 
 
 @dataclass
@@ -106,6 +110,8 @@ class Engine:
         self._progress = asyncio.Event()  # set whenever the pipeline blocks or finishes
         self._onset: float | None = None
         self.now = 0.0  # session time of the latest frame end
+        self.last_utterance: np.ndarray | None = None
+        self._echo_tail_until: float | None = None
 
     # ------------------------------------------------------------------ helpers
     async def _work(self, fn, *args):
@@ -113,7 +119,12 @@ class Engine:
 
     def _set_state(self, state: TurnState) -> None:
         if state != self.state:
+            finished_reply = self.state == TurnState.RESPONDING and state == TurnState.LISTENING
             self.state = state
+            # a reply is audible (or about to be): only a longer run of speech is a barge-in
+            audible = state in (TurnState.RESPONDING, TurnState.SUSPECTED_BARGE_IN)
+            self._echo_tail_until = self.now + self.config.echo_tail_s if finished_reply else None
+            self.endpointer.assistant_speaking = audible or self._echo_tail_until is not None
             self.on_update("state", state)
 
     def close(self) -> None:
@@ -123,6 +134,9 @@ class Engine:
     async def on_frame(self, frame: np.ndarray, t: float) -> None:
         """One 40 ms mic frame starting at session time ``t``."""
         self.now = t + len(frame) / self.endpointer.sample_rate
+        if self._echo_tail_until is not None and self.now >= self._echo_tail_until:
+            self._echo_tail_until = None
+            self.endpointer.assistant_speaking = self.state in (TurnState.RESPONDING, TurnState.SUSPECTED_BARGE_IN)
         for event in self.endpointer.push(frame, t):
             await self._on_event(event)
         if self.state == TurnState.USER_SPEAKING:
@@ -160,6 +174,7 @@ class Engine:
             if self.state == TurnState.PREEMPTING:
                 await self._discard_preemptive()
         elif isinstance(ev, Endpoint):
+            self.last_utterance = self._trimmed_utterance(ev)
             self._turn.user_speech_end = ev.t_speech_end
             self._turn.endpoint = ev.t_endpoint
             if self.state == TurnState.PREEMPTING:
@@ -171,6 +186,16 @@ class Engine:
                 self._start_reply(held=False)
             self._set_state(TurnState.RESPONDING)
             self.endpointer.reset()
+
+    def _trimmed_utterance(self, ev: Endpoint) -> np.ndarray:
+        """The user's last utterance without the endpointing silence (kept in memory only, for
+        "repeat last question")."""
+        ep = self.endpointer
+        audio = ep.utterance_audio()
+        start = ep.utterance_start_t
+        if start is None:
+            return audio
+        return audio[:max(0, int(round((ev.t_speech_end - start) * ep.sample_rate)))]
 
     async def _begin_turn(self, t_start: float) -> None:
         self._turn = self.timeline.new_turn()
@@ -299,6 +324,7 @@ class Engine:
             if self._reply is reply:
                 self._reply = None
                 self._set_state(TurnState.LISTENING)
+            self.on_update("done", turn)
         except asyncio.CancelledError:
             raise
         finally:
@@ -312,7 +338,8 @@ class Engine:
         reply = self._reply
         if reply is not None and reply.on_speaker and self.speaker.reply_first_sample is not None:
             t = self.speaker.reply_first_sample / self.speaker.sample_rate
-            reply.turn.mark("playback_start", t)
+            if reply.turn.mark("playback_start", t):
+                self.on_update("reply", reply.turn)  # the first sound: listeners show "speaking"
 
     # ------------------------------------------------------------------ barge-in
     async def interrupt(self, onset: float | None = None, confirmed: float | None = None) -> None:

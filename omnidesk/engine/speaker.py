@@ -128,8 +128,15 @@ class VirtualSpeaker:
 
     def tick(self, n_samples: int | None = None) -> np.ndarray:
         """Advance the device clock by ``n_samples`` (default ``block``); return what was played."""
-        n = self.block if n_samples is None else int(n_samples)
-        out = np.zeros(n, dtype=np.float32)
+        out = np.zeros(self.block if n_samples is None else int(n_samples), dtype=np.float32)
+        self.tick_into(out)
+        return out
+
+    def tick_into(self, out: np.ndarray) -> None:
+        """:meth:`tick` into a caller's float32 buffer (``out.size`` samples), allocating nothing
+        when recording is off: the real device's audio callback plays through this."""
+        n = out.size
+        k = 0
         if not self.paused:
             k = min(n, self._count)
             if k:
@@ -149,9 +156,9 @@ class VirtualSpeaker:
             if k < n and self._reply_active and not self._reply_ending and started:
                 self.underruns += 1
             self._finish_if_drained()
+        out[k:] = 0.0
         self._record(out)
         self.clock_samples += n
-        return out
 
     def pause(self) -> None:
         """Stop consuming the buffer (ticks play silence); the playhead stays where it is."""

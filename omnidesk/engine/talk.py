@@ -53,6 +53,10 @@ class ScriptedEndpointer(Endpointer):
     def in_utterance(self) -> bool:
         return self._active
 
+    @property
+    def utterance_start_t(self) -> float | None:
+        return None  # the utterance is exactly the file: nothing to trim
+
     def utterance_audio(self) -> np.ndarray:
         return np.concatenate(self._utt) if self._utt else np.zeros(0, np.float32)
 
@@ -86,13 +90,15 @@ class Script:
 
 async def run_script(executor: Executor, script: Script, config: EngineConfig, timeline: Timeline,
                      realtime: bool = True, endpointer_config: EndpointerConfig | None = None,
-                     on_update=None) -> tuple[Engine, VirtualSpeaker]:
+                     on_update=None, detector=None) -> tuple[Engine, VirtualSpeaker]:
+    """``detector``: the per-frame speech detector (``omnidesk talk`` passes webrtcvad; the
+    default, an energy threshold, suits synthetic test signals)."""
     rate_in = executor.sample_rate_in
     frame_in = int(round(FRAME_S * rate_in))
     speaker = VirtualSpeaker(sample_rate=executor.sample_rate_out, block=int(round(FRAME_S * executor.sample_rate_out)),
                              capacity_s=config.max_audio_ahead_s + 2.0)
     endpointer = ScriptedEndpointer(rate_in) if script.no_vad else \
-        Endpointer(EnergyVAD(), endpointer_config or EndpointerConfig(), rate_in)
+        Endpointer(detector or EnergyVAD(), endpointer_config or EndpointerConfig(), rate_in)
     engine = Engine(executor, endpointer, speaker, config, timeline, on_update)
     t = 0.0
     start = time.monotonic()
@@ -154,22 +160,27 @@ async def run_script(executor: Executor, script: Script, config: EngineConfig, t
     return engine, speaker
 
 
-def latency_table(timeline: Timeline) -> str:
-    """One line per turn: where the time went (ms, on the session clock)."""
+LATENCY_HEADER = ("turn  end->endpoint  endpoint->1st audio  endpoint->playing  voice-to-voice  text  codes  "
+                  "reply s  played s  interrupted")
+
+
+def latency_row(number: int, turn) -> str:
+    """One turn's line of :func:`latency_table` (ms, on the session clock)."""
 
     def ms(a, b):
         return "-" if a is None or b is None else f"{(b - a) * 1000:6.0f}"
 
-    rows = ["turn  end->endpoint  endpoint->1st audio  endpoint->playing  voice-to-voice  text  codes  "
-            "reply s  played s  interrupted"]
-    for i, turn in enumerate(timeline.turns):
-        ev = turn.events
-        cut = "-"
-        if turn.interrupted:
-            b = turn.barge_in
-            cut = f"yes: kept {b.kept_text_tokens} tok, rolled back {b.rolled_back_tokens}"
-        rows.append(f"{i + 1:4d}  {ms(turn.user_speech_end, turn.endpoint):>13}  "
-                    f"{ms(turn.endpoint, ev['first_audio_chunk']):>19}  {ms(turn.endpoint, ev['playback_start']):>17}  "
-                    f"{ms(turn.user_speech_end, ev['playback_start']):>14}  {len(turn.text_token_ids):4d}  "
-                    f"{len(turn.codec_token_ids):5d}  {turn.reply_audio_s:7.2f}  {turn.played_audio_s:8.2f}  {cut}")
-    return "\n".join(rows)
+    ev = turn.events
+    cut = "-"
+    if turn.interrupted:
+        b = turn.barge_in
+        cut = f"yes: kept {b.kept_text_tokens} tok, rolled back {b.rolled_back_tokens}"
+    return (f"{number:4d}  {ms(turn.user_speech_end, turn.endpoint):>13}  "
+            f"{ms(turn.endpoint, ev['first_audio_chunk']):>19}  {ms(turn.endpoint, ev['playback_start']):>17}  "
+            f"{ms(turn.user_speech_end, ev['playback_start']):>14}  {len(turn.text_token_ids):4d}  "
+            f"{len(turn.codec_token_ids):5d}  {turn.reply_audio_s:7.2f}  {turn.played_audio_s:8.2f}  {cut}")
+
+
+def latency_table(timeline: Timeline) -> str:
+    """One line per turn: where the time went (ms, on the session clock)."""
+    return "\n".join([LATENCY_HEADER] + [latency_row(i + 1, t) for i, t in enumerate(timeline.turns)])

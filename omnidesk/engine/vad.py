@@ -138,6 +138,10 @@ EndpointerEvent = Union[SpeechOnset, OnsetCancelled, SpeechStart, Pause, Resume,
 class EndpointerConfig:
     frame_ms: float = 40.0  # nominal (and largest accepted) frame length
     speech_start_ms: float = 120.0  # consecutive speech needed to start a turn
+    # While the assistant speaks, a run must be this long to count as a barge-in: long enough
+    # that a cough, an "mm-hm" or a door does not cut the reply off (playback is only paused
+    # meanwhile, from the onset on).
+    barge_in_start_ms: float = 300.0
     preempt_silence_ms: float = 150.0  # silence after which a reply may be generated speculatively
     endpoint_silence_ms: float = 400.0  # silence that ends the turn
     pre_roll_ms: float = 200.0  # audio kept before the first speech frame (soft onsets)
@@ -146,7 +150,7 @@ class EndpointerConfig:
     def __post_init__(self):
         if self.frame_ms <= 0:
             raise ValueError("frame_ms must be > 0")
-        for name in ("speech_start_ms", "preempt_silence_ms", "endpoint_silence_ms", "pre_roll_ms"):
+        for name in ("speech_start_ms", "barge_in_start_ms", "preempt_silence_ms", "endpoint_silence_ms", "pre_roll_ms"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0")
         if self.preempt_silence_ms > self.endpoint_silence_ms:
@@ -195,7 +199,8 @@ class Endpointer:
     Feed every microphone frame, in order, with :meth:`push`.  State:
 
     * IDLE: frames go to a pre-roll ring only.  A speech frame opens a
-      candidate run (``SpeechOnset``); ``speech_start_ms`` of consecutive speech
+      candidate run (``SpeechOnset``); ``speech_start_ms`` (``barge_in_start_ms`` while
+      :attr:`assistant_speaking`) of consecutive speech
       confirms it (``SpeechStart``, back-dated to the run's first frame) and
       the utterance buffer is seeded with the pre-roll plus the run.  A silent
       frame before that cancels the run (``OnsetCancelled``).
@@ -219,13 +224,17 @@ class Endpointer:
         ms = sample_rate / 1000.0
         self.frame_samples = max(1, round(config.frame_ms * ms))
         self._speech_start_samples = round(config.speech_start_ms * ms)
+        self._barge_in_samples = round(config.barge_in_start_ms * ms)
+        # Set by the engine while a reply plays: runs then need barge_in_start_ms to start a turn.
+        self.assistant_speaking = False
         self._preempt_samples = round(config.preempt_silence_ms * ms)
         self._endpoint_samples = round(config.endpoint_silence_ms * ms)
         self._pre_roll_samples = round(config.pre_roll_ms * ms)
         self._max_samples = round(config.max_utterance_s * sample_rate)
         # A confirming run is at most speech_start + one frame long; the ring
         # must hold it plus the pre-roll before it.
-        self._ring = _PreRoll(self._pre_roll_samples + self._speech_start_samples + self.frame_samples)
+        longest_run = max(self._speech_start_samples, self._barge_in_samples)
+        self._ring = _PreRoll(self._pre_roll_samples + longest_run + self.frame_samples)
         self._utt = np.zeros(0, dtype=np.float32)
         self.reset()
 
@@ -327,7 +336,8 @@ class Endpointer:
             self._run_start, self._run_samples = t, 0
             events.append(SpeechOnset(t))
         self._run_samples += n
-        if self._run_samples < self._speech_start_samples:
+        needed = self._barge_in_samples if self.assistant_speaking else self._speech_start_samples
+        if self._run_samples < needed:
             return events
         # Confirmed: seed the utterance with pre-roll + the whole run (both in the ring).
         seed = self._ring.last(self._pre_roll_samples + self._run_samples)

@@ -1,0 +1,383 @@
+"""A live conversation on real audio devices: duplex stream -> echo canceller -> endpointer -> engine.
+
+:class:`LiveSession` is what ``omnidesk live`` and the window run.  It owns
+
+* the :class:`~omnidesk.audio.device.AudioIO` streams (PortAudio's threads
+  copy into rings; nothing else happens there),
+* an :class:`~omnidesk.engine.engine.EngineThread` whose asyncio loop runs the
+  engine and :meth:`_drive`: every 10 ms it takes what was captured, resamples
+  microphone and playback reference to 16 kHz with the same filter (so they
+  stay aligned), cancels the echo in 40 ms frames, applies mute /
+  push-to-talk, and hands each frame to the engine.
+
+Everything the outside calls (``interrupt``, ``set_muted``, ...) is safe from
+any thread and returns at once.  ``on_update(kind, payload)`` is called on the
+engine's thread; a GUI must marshal it (queued signals).
+
+Kinds: "state" (TurnState), "turn" (new TurnTimeline), "reply" (TurnTimeline
+with ``.text`` decoded so far), "interrupted" (TurnTimeline with ``barge_in``
+and ``extra["heard_text"]``), "done" (reply played out), "status"
+(:class:`LiveStatus`, every frame), "error" (plain-words message; the audio is
+stopped, :meth:`restart` retries).
+
+Privacy: audio lives in memory only; the last utterance is kept for "repeat
+last question" and dropped with the session.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from omnidesk.engine.engine import Engine, EngineConfig, EngineThread, TurnState
+from omnidesk.engine.executor import Executor
+from omnidesk.engine.timeline import Timeline, TurnTimeline
+from omnidesk.engine.vad import Endpointer, EndpointerConfig, level_dbfs
+
+from .device import AudioDeviceError, AudioIO
+
+FRAME_MS = 40
+POLL_S = 0.01
+# No callback for this long while the stream claims to run: the device is gone.  Some
+# backends (ALSA's pulse plugin) take 1-2 s to deliver the first blocks: a longer grace then.
+STALL_S = 2.0
+STARTUP_GRACE_S = 6.0
+STARTUP_REOPENS = 3
+
+
+@dataclass
+class LiveSettings:
+    input_device: str | int | None = None  # name or index; None = system default
+    output_device: str | int | None = None
+    headphones: bool = False  # True: no echo cancellation (nothing leaks from speaker to mic)
+    noise_suppression: bool = True
+    vad_aggressiveness: int = 2
+    speech_start_ms: float = 120.0
+    barge_in_confirm_ms: float = 300.0
+    endpoint_silence_ms: float = 400.0
+    pre_roll_ms: float = 200.0
+    push_to_talk: bool = False
+    block_ms: float = 20.0
+    latency_s: float = 0.1  # device buffering; see omnidesk.audio.device.DEFAULT_LATENCY_S
+
+    def endpointer_config(self) -> EndpointerConfig:
+        return EndpointerConfig(speech_start_ms=self.speech_start_ms, barge_in_start_ms=self.barge_in_confirm_ms,
+                                endpoint_silence_ms=self.endpoint_silence_ms, pre_roll_ms=self.pre_roll_ms,
+                                preempt_silence_ms=min(150.0, self.endpoint_silence_ms))
+
+
+@dataclass
+class LiveStatus:
+    level_dbfs: float  # microphone after echo cancellation (what the VAD hears)
+    playback_buffer_ms: float
+    underruns: int
+    overflows: int
+    confirmed_barge_ins: int
+    false_barge_ins: int
+    thinker_tok_s: float | None = None  # current/last reply
+    talker_tok_s: float | None = None
+    vocoder_rtf: float | None = None  # generation time / audio produced, whole pipeline
+    muted: bool = False
+    talk_pressed: bool = False
+
+
+class LiveSession:
+    def __init__(self, executor: Executor, settings: LiveSettings | None = None,
+                 engine_config: EngineConfig | None = None,
+                 on_update: Callable[[str, object], None] | None = None, timeline: Timeline | None = None):
+        self.ex = executor
+        self.settings = settings or LiveSettings()
+        self.engine_config = engine_config or EngineConfig()
+        self.on_update = on_update or (lambda kind, payload: None)
+        self.timeline = timeline or Timeline(model={}, device="cpu")
+        self.engine: Engine | None = None
+        self.audio: AudioIO | None = None
+        self.aec = None
+        self._thread: EngineThread | None = None
+        self._drive_future = None
+        self._muted = False
+        self._talk_pressed = False
+        self._inject: list[np.ndarray] = []  # audio mixed into the mic path (repeat last question)
+        self._interrupt_after: float | None = None
+        self._closing = False
+        self.frames = 0
+        # mic power before / after echo cancellation while the assistant speaks (echo only, unless
+        # the user talks over it): their ratio is the echo reduction achieved
+        self._echo_in = 0.0
+        self._echo_out = 0.0
+
+    # ------------------------------------------------------------ lifecycle
+
+    def start(self, new_conversation: bool = True) -> None:
+        """Open the devices and start listening.  Raises AudioDeviceError (plain words) or
+        EchoCancellerUnavailable; nothing is left running then."""
+        from omnidesk.audio.aec import EchoCanceller
+        from omnidesk.audio.vad import WebRtcVAD
+
+        s = self.settings
+        rate_in = self.ex.sample_rate_in
+        audio = AudioIO(s.input_device, s.output_device, model_out_rate=self.ex.sample_rate_out,
+                            block_ms=s.block_ms, latency_s=s.latency_s, speaker_capacity_s=self.engine_config.max_audio_ahead_s + 3.0)
+        self.aec = EchoCanceller(rate_in, noise_suppression=s.noise_suppression)
+        self.aec.bypass = s.headphones
+        audio.open()
+        self.audio = audio
+        # the echo of a reply's last words arrives through both device buffers
+        self.engine_config.echo_tail_s = max(self.engine_config.echo_tail_s, sum(audio.latency_s) + 0.3)
+        self._thread = EngineThread()
+        detector = WebRtcVAD(s.vad_aggressiveness, rate_in)
+        endpointer = Endpointer(detector, s.endpointer_config(), rate_in)
+
+        async def make_engine():
+            if new_conversation:
+                self.ex.reset_conversation()
+            return Engine(self.ex, endpointer, audio.speaker, self.engine_config, self.timeline, self._forward)
+
+        try:
+            self.engine = self._thread.call(make_engine()).result(timeout=10)
+        except Exception:
+            self.close()
+            raise
+        self._closing = False
+        self._drive_future = self._thread.call(self._drive())
+
+    def close(self) -> None:
+        self._closing = True
+        if self._drive_future is not None:
+            try:
+                self._drive_future.result(timeout=5)
+            except Exception:  # noqa: BLE001 - closing reports nothing; errors went to on_update
+                pass
+            self._drive_future = None
+        if self.audio is not None:
+            self.audio.close()
+        if self.engine is not None and self._thread is not None:
+            self.engine.close()
+        if self._thread is not None:
+            self._thread.stop()
+            self._thread = None
+
+    def restart(self, settings: LiveSettings | None = None) -> None:
+        """The retry path: close, then start again (e.g. after a device came back or was changed)."""
+        keep_timeline = self.timeline
+        self.close()
+        if settings is not None:
+            self.settings = settings
+        self.timeline = keep_timeline
+        self.engine = None
+        self.start(new_conversation=False)
+
+    # ------------------------------------------------------------ controls (any thread)
+
+    def interrupt(self) -> None:
+        """The stop button: the same path as a confirmed barge-in."""
+        if self._thread is None or self.engine is None:
+            return
+        engine = self.engine
+
+        async def stop():
+            await engine.interrupt(onset=engine.now, confirmed=engine.now)
+
+        self._thread.call(stop())
+
+    def set_muted(self, muted: bool) -> None:
+        self._muted = bool(muted)
+
+    def set_push_to_talk(self, enabled: bool) -> None:
+        self.settings.push_to_talk = bool(enabled)
+
+    def set_talk_pressed(self, pressed: bool) -> None:
+        self._talk_pressed = bool(pressed)
+
+    def set_headphones(self, on: bool) -> None:
+        self.settings.headphones = bool(on)
+        if self.aec is not None:
+            self.aec.bypass = bool(on)
+
+    def set_voice(self, voice: str | None) -> None:
+        """The voice for the next reply (a name from the checkpoint's spk_dict.pt)."""
+        self.engine_config.voice = voice
+
+    def repeat_last_question(self) -> bool:
+        """Play the last user utterance into the microphone path again (reproducible tests)."""
+        last = self.engine.last_utterance if self.engine is not None else None
+        if last is None or last.size == 0:
+            return False
+        self._inject.append(last.copy())
+        return True
+
+    def inject(self, audio: np.ndarray) -> None:
+        """Mix 16 kHz mono ``audio`` into the microphone path from the next frame on."""
+        self._inject.append(np.asarray(audio, np.float32).reshape(-1).copy())
+
+    def interrupt_after(self, ms: float) -> None:
+        """Interrupt the current (or next) reply ``ms`` after its playback started."""
+        self._interrupt_after = max(0.0, float(ms)) / 1000.0
+
+    @property
+    def stats(self):
+        return self.engine.stats if self.engine is not None else None
+
+    # ------------------------------------------------------------ engine side
+
+    def _forward(self, kind: str, payload) -> None:
+        if kind == "reply":
+            payload.text = self.ex.decode(payload.text_token_ids)
+        elif kind == "interrupted":
+            kept = payload.barge_in.kept_text_tokens if payload.barge_in is not None else 0
+            payload.extra["heard_text"] = self.ex.decode(payload.text_token_ids[:kept])
+        try:
+            self.on_update(kind, payload)
+        except Exception as e:  # noqa: BLE001 - a broken listener must not stop the conversation
+            import logging
+
+            logging.getLogger(__name__).exception("on_update(%s) failed: %s", kind, e)
+
+    def _status(self) -> LiveStatus:
+        engine, audio = self.engine, self.audio
+        turn = self.timeline.turns[-1] if self.timeline.turns else None
+        think = talk = rtf = None
+        if turn is not None:
+            think, talk, rtf = _rates(turn, engine.now, self.ex.sample_rate_out)
+        return LiveStatus(level_dbfs=self._level, playback_buffer_ms=audio.speaker.buffered_samples / audio.speaker.sample_rate * 1000.0,
+                          underruns=audio.speaker.underruns + audio.output_underflows,
+                          overflows=audio.capture_overflows + audio.input_overflows,
+                          confirmed_barge_ins=engine.stats.barge_ins, false_barge_ins=engine.stats.false_barge_ins,
+                          thinker_tok_s=think, talker_tok_s=talk, vocoder_rtf=rtf, muted=self._muted,
+                          talk_pressed=self._talk_pressed)
+
+    async def _drive(self) -> None:
+        import soxr
+
+        audio, engine, rate_in = self.audio, self.engine, self.ex.sample_rate_in
+        frame_n = rate_in * FRAME_MS // 1000
+        # the same filter on both paths keeps the reference aligned with the capture
+        rs_mic = soxr.ResampleStream(audio.rate, rate_in, 1, dtype="float32", quality="HQ")
+        rs_ref = soxr.ResampleStream(audio.rate, rate_in, 1, dtype="float32", quality="HQ")
+        mic_buf = np.zeros(0, np.float32)
+        ref_buf = np.zeros(0, np.float32)
+        samples = 0  # 16 kHz samples handed to the engine: the session clock
+        self._level = -120.0
+        last_callbacks, stalled_since = -1, None
+        reopens = 0
+        loop = asyncio.get_running_loop()
+        try:
+            while not self._closing:
+                await asyncio.sleep(POLL_S)
+                if audio.error is None:
+                    if audio.callbacks == last_callbacks:
+                        stalled_since = stalled_since or loop.time()
+                        limit = STALL_S if audio.callbacks > 50 else STARTUP_GRACE_S
+                        if loop.time() - stalled_since > limit:
+                            audio.fail(f"no audio from {audio.input.name!r} for {STALL_S:.1f} s "
+                                       "(device unplugged or taken by another program?)")
+                    else:
+                        last_callbacks, stalled_since = audio.callbacks, None
+                if audio.error is not None and audio.callbacks <= 50 and reopens < STARTUP_REOPENS:
+                    # died while starting (seen with ALSA's pulse plugin): try again quietly
+                    reopens += 1
+                    try:
+                        audio.reopen()
+                        rs_mic.clear(), rs_ref.clear()
+                        mic_buf, ref_buf = mic_buf[:0], ref_buf[:0]
+                        last_callbacks, stalled_since = -1, None
+                        continue
+                    except AudioDeviceError as e:
+                        audio.fail(str(e))
+                if audio.error is not None:
+                    await engine.interrupt(onset=engine.now, confirmed=engine.now)
+                    self.on_update("error", audio.error + "; check the device and press Retry")
+                    return
+                mic, ref = audio.read()
+                if mic.size == 0:
+                    continue
+                mic_buf = np.concatenate([mic_buf, rs_mic.resample_chunk(mic)])
+                ref_buf = np.concatenate([ref_buf, rs_ref.resample_chunk(ref)])
+                n = min(mic_buf.size, ref_buf.size)
+                done = 0
+                while n - done >= frame_n:
+                    frame = mic_buf[done:done + frame_n]
+                    reference = ref_buf[done:done + frame_n]
+                    done += frame_n
+                    frame = self._prepare(frame, reference, audio)
+                    await engine.on_frame(frame, samples / rate_in)
+                    samples += frame_n
+                    self.frames += 1
+                    self._check_interrupt_after(engine)
+                    self.on_update("status", self._status())
+                mic_buf, ref_buf = mic_buf[done:], ref_buf[done:]
+        except Exception as e:  # noqa: BLE001 - shown to the user; the session stops cleanly
+            import logging
+
+            logging.getLogger(__name__).exception("live session stopped")
+            self.on_update("error", f"the conversation stopped: {e}")
+
+    def echo_reduction_db(self) -> float | None:
+        """Mic power before / after echo cancellation over the frames played while the assistant
+        spoke (None before any)."""
+        if self._echo_in <= 0 or self._echo_out <= 0:
+            return None
+        return 10.0 * math.log10(self._echo_in / self._echo_out)
+
+    def _prepare(self, frame: np.ndarray, reference: np.ndarray, audio: AudioIO) -> np.ndarray:
+        aec = self.aec
+        if not aec.bypass:
+            aec.delay_ms = min(500.0, max(0.0, audio.delay_s * 1000.0))
+            raw = frame
+            frame = aec.process(frame, reference)
+            if self.engine.state == TurnState.RESPONDING and float(np.dot(reference, reference)) > 0:
+                self._echo_in += float(np.dot(raw, raw))
+                self._echo_out += float(np.dot(frame, frame))
+        if self._muted or (self.settings.push_to_talk and not self._talk_pressed):
+            frame = np.zeros_like(frame)
+        if self._inject:
+            frame = frame.copy()
+            pos = 0
+            while self._inject and pos < frame.size:
+                head = self._inject[0]
+                k = min(head.size, frame.size - pos)
+                frame[pos:pos + k] += head[:k]
+                pos += k
+                if k == head.size:
+                    self._inject.pop(0)
+                else:
+                    self._inject[0] = head[k:]
+        self._level = level_dbfs(frame)
+        return frame
+
+    def _check_interrupt_after(self, engine: Engine) -> None:
+        if self._interrupt_after is None or engine.state not in (TurnState.RESPONDING, TurnState.SUSPECTED_BARGE_IN):
+            return
+        turn = self.timeline.turns[-1] if self.timeline.turns else None
+        started = turn.events.get("playback_start") if turn is not None else None
+        if started is not None and engine.now >= started + self._interrupt_after:
+            self._interrupt_after = None
+            asyncio.get_running_loop().create_task(engine.interrupt(onset=engine.now, confirmed=engine.now))
+
+
+def _rates(turn: TurnTimeline, now: float, rate_out: int) -> tuple[float | None, float | None, float | None]:
+    """Thinker and talker tokens/s and generation time per audio second for ``turn`` so far."""
+    ev = turn.events
+    end = ev.get("reply_done") or now
+
+    def per_s(first, n):
+        if first is None or n < 2 or end - first <= 0:
+            return None
+        return (n - 1) / (end - first)
+
+    think = per_s(ev.get("first_text_token"), len(turn.text_token_ids))
+    talk = per_s(ev.get("first_codec_token"), len(turn.codec_token_ids))
+    rtf = None
+    produced = turn.reply_audio_s or 0.0
+    if ev.get("first_codec_token") is not None and produced > 0:
+        rtf = (end - ev["prefill_done"]) / produced if ev.get("prefill_done") is not None else None
+    if rtf is not None and not math.isfinite(rtf):
+        rtf = None
+    return think, talk, rtf
+
+
+__all__ = ["LiveSession", "LiveSettings", "LiveStatus", "AudioDeviceError"]

@@ -1,0 +1,5 @@
+import sys
+
+from omnidesk.gui.app import main
+
+sys.exit(main())

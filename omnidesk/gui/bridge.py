@@ -1,0 +1,230 @@
+"""Engine -> Qt: ``on_update(kind, payload)`` from the engine's thread becomes queued signals.
+
+The engine calls :meth:`EngineBridge.on_update` on its own thread with live,
+mutable objects (a ``TurnTimeline`` keeps changing while the reply runs).  The
+bridge copies what the window needs into immutable :class:`TurnView`\\ s right
+there, on the engine thread, so the UI thread never reads engine state.
+
+Frequent kinds are coalesced: ``reply`` (one per token or audio chunk, hundreds
+a second on a GPU) and ``status`` (every 40 ms) land in a mailbox that keeps
+only the latest value, and one signal is queued until the UI has taken it.
+Rare kinds (``state``, ``turn``, ``interrupted``, ``done``, ``error``) are
+queued one by one, in order.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+from dataclasses import dataclass
+from typing import Callable
+
+from PySide6.QtCore import QObject, Signal
+
+log = logging.getLogger("omnidesk.gui")
+
+
+@dataclass(frozen=True)
+class TurnView:
+    """An immutable copy of one turn as the window shows it (times on the session clock, s)."""
+
+    number: int  # 1-based within the session
+    user_speech_start: float | None
+    user_speech_end: float | None
+    endpoint: float | None
+    events: dict  # a copy of TurnTimeline.events
+    text: str  # the reply text decoded so far (all of it, heard or not)
+    text_tokens: int
+    codec_tokens: int
+    reply_audio_s: float
+    played_audio_s: float
+    done: bool = False  # played to the end
+    interrupted: bool = False
+    barge_in: object = None  # a copy of omnidesk.engine.timeline.BargeIn
+    heard_text: str | None = None  # interrupted: the part of ``text`` the user heard
+    preemptive: str | None = None
+
+    @property
+    def user_speech_s(self) -> float | None:
+        if self.user_speech_start is None or self.user_speech_end is None:
+            return None
+        return self.user_speech_end - self.user_speech_start
+
+    @property
+    def voice_to_voice_s(self) -> float | None:
+        """From the moment the user stopped speaking to the first sound of the reply."""
+        start, end = self.user_speech_end, self.events.get("playback_start")
+        return None if start is None or end is None else end - start
+
+    @property
+    def stop_s(self) -> float | None:
+        """Barge-in: from the confirmed interruption (or the stop click) to silence."""
+        b = self.barge_in
+        if b is None or b.playback_stopped is None:
+            return None
+        start = b.confirmed if b.confirmed is not None else b.onset
+        return None if start is None else b.playback_stopped - start
+
+    @property
+    def discarded_text(self) -> str:
+        """Interrupted: the part of the reply the user never heard (rolled back)."""
+        if self.heard_text is None:
+            return ""
+        if self.text.startswith(self.heard_text):
+            return self.text[len(self.heard_text):]
+        return ""
+
+
+class EngineBridge(QObject):
+    """Receives engine updates on any thread and re-emits them as signals for the UI thread.
+
+    Connect the signals with ``Qt.QueuedConnection``.  ``turn_changed`` and
+    ``status_changed`` carry nothing: call :meth:`take_turns` / :meth:`take_status`.
+    """
+
+    state_changed = Signal(object)  # omnidesk.engine.engine.TurnState
+    turn_started = Signal(object)  # TurnView
+    turn_changed = Signal()  # coalesced "reply" updates: take_turns()
+    turn_interrupted = Signal(object)  # TurnView
+    turn_done = Signal(object)  # TurnView
+    status_changed = Signal()  # coalesced: take_status()
+    error = Signal(str)  # plain words; the session has stopped its audio
+
+    def __init__(self, decode: Callable[[list[int]], str] | None = None, model: dict | None = None,
+                 device: str = "", parent: QObject | None = None):
+        super().__init__(parent)
+        self._decode = decode
+        self.model = dict(model or {})
+        self.device = device
+        self._lock = threading.Lock()
+        self._numbers: dict[int, tuple[object, int]] = {}  # id(TurnTimeline) -> (the turn, number)
+        self._decoded: dict[int, tuple[int, str]] = {}  # number -> (token count, text)
+        self._turns: dict[int, TurnView] = {}
+        self._status = None
+        self._status_queued = False
+        self._exported: dict[int, dict] = {}  # number -> TurnTimeline.to_dict() at its last milestone
+        self._current = None  # the TurnTimeline of the latest turn
+        self._seen_events: dict[int, dict] = {}  # id(current turn) -> its events at the last status tick
+
+    # ------------------------------------------------------------------ engine thread
+    def on_update(self, kind: str, payload) -> None:
+        """The session's ``on_update`` callback: any thread, returns at once."""
+        try:
+            if kind == "state":
+                self._snapshot_for_export(self._current)
+                self.state_changed.emit(payload)
+            elif kind == "turn":
+                self._current = payload
+                view = self._view(payload)
+                self._snapshot_for_export(payload)
+                self.turn_started.emit(view)
+            elif kind == "reply":
+                self._post_turn(self._view(payload))
+            elif kind == "interrupted":
+                view = self._view(payload, final=True)
+                self._snapshot_for_export(payload)
+                self.turn_interrupted.emit(view)
+            elif kind == "done":
+                view = self._view(payload, final=True)
+                self._snapshot_for_export(payload)
+                self.turn_done.emit(view)
+            elif kind == "status":
+                self._refresh_current()
+                with self._lock:
+                    self._status = payload
+                    queue, self._status_queued = not self._status_queued, True
+                if queue:
+                    self.status_changed.emit()
+            elif kind == "error":
+                self.error.emit(str(payload))
+        except Exception:  # never let a display problem break the engine's loop
+            log.exception("bridge: cannot handle %r update", kind)
+
+    def _refresh_current(self) -> None:
+        # Playback starts on the audio clock, not with a token: when the whole reply was generated
+        # before it started playing, no "reply" update says so.  The status tick (every 40 ms, on
+        # the engine's thread) carries such changes of the current turn to the window.
+        turn = self._current
+        if turn is None or turn.interrupted:
+            return
+        seen = self._seen_events.get(id(turn))
+        if seen != turn.events:
+            self._seen_events = {id(turn): dict(turn.events)}
+            if seen is not None:
+                self._post_turn(self._view(turn))
+
+    def _number(self, turn) -> int:
+        entry = self._numbers.get(id(turn))
+        if entry is None or entry[0] is not turn:
+            entry = (turn, len(self._numbers) + 1)
+            self._numbers[id(turn)] = entry
+        return entry[1]
+
+    def _text(self, number: int, ids: list[int], given: str) -> str:
+        if given:
+            return given  # the live session decodes as it streams
+        if self._decode is None or not ids:
+            return ""
+        count, text = self._decoded.get(number, (-1, ""))
+        if count != len(ids):  # audio-only updates do not re-decode
+            text = self._decode(list(ids))
+            self._decoded[number] = (len(ids), text)
+        return text
+
+    def _view(self, turn, final: bool = False) -> TurnView:
+        number = self._number(turn)
+        ids = turn.text_token_ids
+        text = self._text(number, ids, turn.text)
+        heard = None
+        barge_in = dataclasses.replace(turn.barge_in) if turn.barge_in is not None else None
+        if turn.interrupted and barge_in is not None:
+            heard = turn.extra.get("heard_text")
+            if heard is None and self._decode is not None:
+                heard = self._decode(list(ids[:barge_in.kept_text_tokens]))
+            if heard is None:
+                heard = ""
+        return TurnView(number=number, user_speech_start=turn.user_speech_start, user_speech_end=turn.user_speech_end,
+                        endpoint=turn.endpoint, events=dict(turn.events), text=text, text_tokens=len(ids),
+                        codec_tokens=len(turn.codec_token_ids), reply_audio_s=float(turn.reply_audio_s),
+                        played_audio_s=float(turn.played_audio_s), done=final and not turn.interrupted,
+                        interrupted=bool(turn.interrupted), barge_in=barge_in, heard_text=heard,
+                        preemptive=turn.extra.get("preemptive"))
+
+    def _post_turn(self, view: TurnView) -> None:
+        with self._lock:
+            queue = not self._turns
+            self._turns[view.number] = view
+        if queue:
+            self.turn_changed.emit()
+
+    def _snapshot_for_export(self, turn) -> None:
+        if turn is None:
+            return
+        try:
+            d = turn.to_dict()
+        except Exception:  # mid-update (e.g. interrupted without barge_in for an instant): keep the last one
+            return
+        with self._lock:
+            self._exported[self._number(turn)] = d
+
+    # ------------------------------------------------------------------ UI thread
+    def take_turns(self) -> list[TurnView]:
+        """The latest view of every turn that changed since the last call."""
+        with self._lock:
+            views, self._turns = list(self._turns.values()), {}
+        return views
+
+    def take_status(self):
+        """The latest status (LiveStatus-like) or None."""
+        with self._lock:
+            self._status_queued = False
+            return self._status
+
+    def timeline_dict(self, extra: dict | None = None) -> dict:
+        """The session's timeline JSON (contract) from the snapshots taken at each turn's milestones."""
+        with self._lock:
+            turns = [self._exported[n] for n in sorted(self._exported)]
+        d = {"model": dict(self.model), "device": str(self.device), "turns": turns}
+        d.update(extra or {})
+        return d

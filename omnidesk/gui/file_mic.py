@@ -1,0 +1,295 @@
+"""A conversation whose microphone is sound files: :class:`FileMicSession`.
+
+For machines without a microphone (the window still works: "speak" a WAV
+file), for reproducible manual tests (the same question every time), and for
+the GUI tests, which drive the real engine through it.  It has the interface
+of the live audio session (``omnidesk.audio.session.LiveSession``: start,
+close, interrupt, interrupt_after, repeat_last_question, set_muted, ...), so
+the window treats both alike.  The speaker is virtual: replies are timed and
+played out like on a device, but not heard.
+
+The loop is ``omnidesk talk``'s: every 40 ms one microphone frame (file audio
+or silence) goes to the engine and the virtual speaker plays one block.  With
+``realtime=False`` the loop runs as fast as the CPU allows (tests) and stands
+still while there is nothing to hear or say.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import dataclasses
+import logging
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from omnidesk.engine.engine import Engine, EngineConfig, EngineStats, EngineThread, TurnState
+from omnidesk.engine.speaker import VirtualSpeaker
+from omnidesk.engine.timeline import Timeline
+from omnidesk.engine.vad import Endpointer, EndpointerConfig, EnergyVAD, level_dbfs
+
+log = logging.getLogger("omnidesk.gui")
+
+FRAME_S = 0.04
+STATUS_EVERY_S = 0.04  # wall time between status updates (the live session's rate)
+REPLYING = (TurnState.RESPONDING, TurnState.SUSPECTED_BARGE_IN)
+
+
+@dataclass(frozen=True)
+class SessionStatus:
+    """The fields of ``omnidesk.audio.session.LiveStatus`` (the window reads them by name)."""
+
+    level_dbfs: float
+    playback_buffer_ms: float
+    underruns: int
+    overflows: int
+    confirmed_barge_ins: int
+    false_barge_ins: int
+    thinker_tok_s: float | None
+    talker_tok_s: float | None
+    vocoder_rtf: float | None
+
+
+class _TimedExecutor:
+    """The executor, with compute time per stage measured for the live rates (worker thread)."""
+
+    def __init__(self, executor):
+        self._ex = executor
+        self._reset()
+
+    def __getattr__(self, name):
+        return getattr(self._ex, name)
+
+    def _reset(self) -> None:
+        self.thinker_s = self.talker_s = self.vocoder_s = self.vocoder_audio_s = 0.0
+        self.thinker_tokens = self.talker_tokens = 0
+
+    def start_reply(self, *args, **kwargs):
+        self._reset()  # rates are per reply
+        return self._ex.start_reply(*args, **kwargs)
+
+    def thinker_step(self):
+        t0 = time.perf_counter()
+        token = self._ex.thinker_step()
+        self.thinker_s += time.perf_counter() - t0
+        self.thinker_tokens += token is not None
+        return token
+
+    def talker_step(self):
+        t0 = time.perf_counter()
+        token = self._ex.talker_step()
+        self.talker_s += time.perf_counter() - t0
+        self.talker_tokens += token is not None
+        return token
+
+    def vocoder_step(self, final: bool = False):
+        t0 = time.perf_counter()
+        chunks = self._ex.vocoder_step(final)
+        self.vocoder_s += time.perf_counter() - t0
+        self.vocoder_audio_s += sum(c.size for c in chunks) / self._ex.sample_rate_out
+        return chunks
+
+    def rates(self) -> tuple[float | None, float | None, float | None]:
+        """thinker tok/s, talker tok/s (per second of compute), vocoder real-time factor."""
+        thinker = self.thinker_tokens / self.thinker_s if self.thinker_tokens and self.thinker_s > 0 else None
+        talker = self.talker_tokens / self.talker_s if self.talker_tokens and self.talker_s > 0 else None
+        rtf = self.vocoder_s / self.vocoder_audio_s if self.vocoder_audio_s > 0 else None
+        return thinker, talker, rtf
+
+
+class FileMicSession:
+    """Same interface as the live session; :meth:`say` plays audio into the (virtual) microphone."""
+
+    def __init__(self, executor, settings=None, engine_config: EngineConfig | None = None,
+                 on_update=None, timeline: Timeline | None = None, realtime: bool = True):
+        self.executor = _TimedExecutor(executor)
+        self.settings = settings
+        self.engine_config = engine_config or EngineConfig()
+        self.timeline = timeline if timeline is not None else Timeline(model={}, device="cpu")
+        self._on_update = on_update or (lambda kind, payload: None)
+        self.realtime = realtime
+        self.engine: Engine | None = None
+        self.speaker: VirtualSpeaker | None = None
+        self._thread: EngineThread | None = None
+        self._run_future = None
+        self._closing = False
+        self._queue: collections.deque[np.ndarray] = collections.deque()  # utterances waiting to be said
+        self._saying: np.ndarray | None = None
+        self._pos = 0
+        self._last_said: np.ndarray | None = None
+        self.muted = False
+        self._stop_clicks: collections.deque[float] = collections.deque()  # monotonic times of stop clicks
+        self._interrupt_after_s: float | None = None
+        self._start_mono = 0.0
+        self.now = 0.0  # session time of the frame being processed
+        self.push_to_talk = False
+        self.talk_pressed = False
+        self.headphones = bool(getattr(settings, "headphones", False))
+
+    # ------------------------------------------------------------------ any thread
+    @property
+    def stats(self) -> EngineStats:
+        return self.engine.stats if self.engine is not None else EngineStats()
+
+    def start(self) -> None:
+        """Start the engine thread (blocks briefly: call it off the UI thread)."""
+        self._thread = EngineThread()
+        try:
+            self._thread.call(self._setup()).result(timeout=30)
+        except BaseException:
+            self.close()  # nothing is left running
+            raise
+        self._run_future = self._thread.call(self._run())
+
+    def close(self) -> None:
+        """Stop the loop and the engine (blocks until the step in flight returns)."""
+        self._closing = True
+        if self._run_future is not None:
+            try:
+                self._run_future.result(timeout=30)
+            except Exception:
+                log.exception("file microphone loop ended with an error")
+        if self.engine is not None:
+            self.engine.close()
+        if self._thread is not None:
+            self._thread.stop()
+
+    def say(self, audio: np.ndarray) -> None:
+        """Queue one utterance (16 kHz mono float32) for the microphone; it starts at once if nothing
+        else is being said (while a reply plays, that is a barge-in, as with a person)."""
+        audio = np.ascontiguousarray(audio, dtype=np.float32).reshape(-1)
+        self._last_said = audio
+        self._queue.append(audio)
+
+    def repeat_last_question(self) -> bool:
+        if self._last_said is None:
+            return False
+        self._queue.append(self._last_said)
+        return True
+
+    def interrupt(self) -> None:
+        """The stop button: the reply stops as on a confirmed barge-in.  Returns at once."""
+        self._stop_clicks.append(time.monotonic())  # deque: safe from any thread
+
+    def interrupt_after(self, ms: float) -> None:
+        """Interrupt the current (or next) reply ``ms`` after its playback started."""
+        self._interrupt_after_s = max(0.0, float(ms)) / 1000.0
+
+    def set_muted(self, muted: bool) -> None:
+        self.muted = bool(muted)
+
+    def set_push_to_talk(self, enabled: bool) -> None:
+        self.push_to_talk = bool(enabled)  # sound files are said on purpose: never gated
+
+    def set_talk_pressed(self, pressed: bool) -> None:
+        self.talk_pressed = bool(pressed)
+
+    def set_headphones(self, on: bool) -> None:
+        self.headphones = bool(on)  # a virtual speaker has no echo to cancel
+
+    # ------------------------------------------------------------------ engine thread
+    async def _setup(self) -> None:
+        ex = self.executor
+        await asyncio.get_running_loop().run_in_executor(None, ex.reset_conversation)  # a new conversation
+        self.speaker = VirtualSpeaker(sample_rate=ex.sample_rate_out, block=int(round(FRAME_S * ex.sample_rate_out)),
+                                      capacity_s=self.engine_config.max_audio_ahead_s + 2.0, record=False)
+        self.engine = Engine(ex, Endpointer(EnergyVAD(), self._endpointer_config(), ex.sample_rate_in), self.speaker,
+                             self.engine_config, self.timeline, self._on_update)
+
+    def _endpointer_config(self) -> EndpointerConfig:
+        cfg = EndpointerConfig()
+        wanted = {"endpoint_silence_ms": getattr(self.settings, "endpoint_silence_ms", None),
+                  "barge_in_start_ms": getattr(self.settings, "barge_in_confirm_ms", None)}
+        known = {f.name for f in dataclasses.fields(cfg)}
+        changes = {k: float(v) for k, v in wanted.items() if v is not None and k in known}
+        if "endpoint_silence_ms" in changes:
+            changes["preempt_silence_ms"] = min(cfg.preempt_silence_ms, changes["endpoint_silence_ms"])
+        return dataclasses.replace(cfg, **changes)
+
+    def _has_input(self) -> bool:
+        return self._saying is not None or bool(self._queue)
+
+    def _next_frame(self, n: int) -> np.ndarray:
+        if self._saying is None and self._queue:
+            self._saying, self._pos = self._queue.popleft(), 0
+        frame = np.zeros(n, np.float32)
+        if self._saying is not None:
+            part = self._saying[self._pos:self._pos + n]
+            frame[:part.size] = part
+            self._pos += n
+            if self._pos >= self._saying.size:
+                self._saying = None
+        if self.muted:
+            frame[:] = 0.0
+        return frame
+
+    async def _stop_if_asked(self, t: float) -> None:
+        engine = self.engine
+        clicked = None
+        while self._stop_clicks:
+            clicked = self._stop_clicks.popleft()
+        due = None
+        if clicked is not None:
+            # the click on the session clock (realtime), never later than the frame being processed
+            due = min(clicked - self._start_mono, t) if self.realtime else t
+        elif self._interrupt_after_s is not None and engine.state in REPLYING and self.timeline.turns:
+            started = self.timeline.turns[-1].events.get("playback_start")
+            if started is not None and t >= started + self._interrupt_after_s:
+                due = t
+                self._interrupt_after_s = None
+        if due is not None and engine.state in REPLYING:
+            await engine.interrupt(onset=due, confirmed=due)
+
+    async def _run(self) -> None:
+        engine, rate = self.engine, self.executor.sample_rate_in
+        n = int(round(FRAME_S * rate))
+        sample = 0
+        self._start_mono = time.monotonic()
+        last_status = 0.0
+        frame = np.zeros(n, np.float32)
+        while not self._closing:
+            if not self.realtime and engine.idle and not self._has_input() and not self._stop_clicks:
+                if last_status:  # the clock stops: send the final counters once
+                    last_status = 0.0
+                    self._on_update("status", self._status(frame))
+                await asyncio.sleep(0.005)  # nothing to hear or play: the simulated clock stands still
+                continue
+            t = sample / rate
+            self.now = t
+            await self._stop_if_asked(t)
+            frame = self._next_frame(n)
+            self.speaker.tick()  # plays [t, t + 40 ms) while the mic frame of the same interval arrives
+            await engine.on_frame(frame, t)
+            sample += n
+            now = time.monotonic()
+            if now - last_status >= STATUS_EVERY_S:
+                last_status = now
+                self._on_update("status", self._status(frame))
+            if self.realtime:
+                await asyncio.sleep(max(0.0, self._start_mono + sample / rate - time.monotonic()))
+            else:
+                await engine.settle()
+
+    def _status(self, frame: np.ndarray) -> SessionStatus:
+        thinker, talker, rtf = self.executor.rates()
+        stats = self.engine.stats
+        return SessionStatus(level_dbfs=level_dbfs(frame),
+                             playback_buffer_ms=1000.0 * self.speaker.buffered_samples / self.speaker.sample_rate,
+                             underruns=self.speaker.underruns, overflows=0,
+                             confirmed_barge_ins=stats.barge_ins, false_barge_ins=stats.false_barge_ins,
+                             thinker_tok_s=thinker, talker_tok_s=talker, vocoder_rtf=rtf)
+
+
+def read_sound_file(path, rate: int = 16000) -> np.ndarray:
+    """A sound file as mono float32 at ``rate`` (resampled with soxr when needed)."""
+    import soundfile as sf
+
+    data, file_rate = sf.read(str(path), dtype="float32", always_2d=True)
+    audio = data.mean(axis=1)
+    if file_rate != rate:
+        import soxr
+
+        audio = soxr.resample(audio, file_rate, rate)
+    return np.ascontiguousarray(audio, dtype=np.float32)

@@ -1,0 +1,769 @@
+"""The main window: conversation, state, microphone level, controls, pickers, banners.
+
+Threads.  This window only paints and reacts.  Loading a model, listing
+devices and checkpoints, starting and closing a session all run on the thread
+pool (:func:`.worker.run_in_background`); the engine's updates arrive through
+the session's :class:`.bridge.EngineBridge` as queued signals.  Calls into the
+session from here (interrupt, mute, push-to-talk, ...) are the session's
+"returns at once" setters.  Painting is paced by one 15 Hz timer: updates
+only mark things dirty.
+
+Sessions.  :class:`.conversation.Conversation` holds the current session (live
+audio, or the sound-file microphone when the input picker says "Sound files"
+or live audio is not available).  Changing devices, retrying after an error or
+loading another model opens a new one: a new conversation.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+from PySide6.QtCore import QEvent, QObject, Qt, QTimer, QUrl, Signal
+from PySide6.QtGui import QAction, QDesktopServices, QKeySequence
+from PySide6.QtWidgets import (QAbstractSpinBox, QComboBox, QFileDialog, QFormLayout, QGroupBox, QHBoxLayout,
+                               QLabel, QLineEdit, QMainWindow, QProgressBar, QPushButton, QScrollArea,
+                               QSpinBox, QSplitter, QTextEdit, QVBoxLayout, QWidget)
+
+from omnidesk.engine.engine import EngineConfig, TurnState
+
+from . import devices as device_list
+from .bridge import TurnView
+from .conversation import Conversation
+from .errors import as_sentence, plain_message
+from .file_mic import FileMicSession, read_sound_file
+from .latency import export_timeline
+from .model_loader import DEMO, CatalogEntry, LoadedModel, ModelChoice, catalog, choose_model, load_model
+from .overlay import LatencyOverlay
+from .settings import SOUND_FILES, Settings
+from .transcript import TranscriptView
+from .widgets import Banner, LevelMeter, StateIndicator
+from .worker import run_in_background
+
+log = logging.getLogger("omnidesk.gui")
+
+PAINT_HZ = 15
+INTERRUPTED_FLASH_S = 1.5  # how long "Interrupted" stays up after a cut
+CHOOSE_FOLDER = "\x00choose-folder"  # model picker item that opens a folder dialog
+DEMO_DOWNLOAD = "omnidesk models download Qwen/Qwen2.5-Omni-3B"
+PLACEHOLDERS = {  # the empty conversation says what to do now
+    "loading": "Loading the model…",
+    "idle": "Not listening yet (see the message above, if any).",
+    "muted": "The microphone is muted.",
+    "push_to_talk": "Hold Space and say something.",
+    "listening": "Say something: OmniDesk is listening.",
+}
+
+
+def live_audio_available() -> bool:
+    return importlib.util.find_spec("omnidesk.audio.session") is not None
+
+
+def default_session_factory(kind: str, executor, settings, engine_config, on_update, timeline):
+    """kind "files": the sound-file microphone; "live": the real devices."""
+    if kind == "files":
+        return FileMicSession(executor, settings, engine_config, on_update, timeline)
+    from omnidesk.audio.session import LiveSession
+
+    return LiveSession(executor, settings, engine_config=engine_config, on_update=on_update, timeline=timeline)
+
+
+def live_settings(settings: Settings):
+    """The audio layer's LiveSettings from what the window remembers."""
+    fields = dict(input_device=settings.input_device if settings.input_device != SOUND_FILES else None,
+                  output_device=settings.output_device, headphones=settings.headphones,
+                  push_to_talk=settings.push_to_talk)
+    try:
+        from omnidesk.audio.session import LiveSettings
+    except ImportError:
+        return SimpleNamespace(vad_aggressiveness=2, barge_in_confirm_ms=300.0, endpoint_silence_ms=400.0, **fields)
+    return LiveSettings(**fields)
+
+
+class _SpaceToTalk(QObject):
+    """Push-to-talk: Space held anywhere in the app (except while typing in a text field)."""
+
+    def __init__(self, window: "MainWindow"):
+        super().__init__(window)
+        self.window = window
+        self.held = False
+
+    def eventFilter(self, obj, event):
+        kind = event.type()
+        if kind in (QEvent.Type.KeyPress, QEvent.Type.KeyRelease) and self.window.push_to_talk_on():
+            if event.key() == Qt.Key.Key_Space and not self._typing():
+                if not event.isAutoRepeat():
+                    self.held = kind == QEvent.Type.KeyPress
+                    self.window.set_talk_pressed(self.held)
+                return True  # in push-to-talk mode Space talks; it does not click the focused button
+        elif kind == QEvent.Type.ApplicationDeactivate and self.held:
+            self.held = False  # the key release will go to another app
+            self.window.set_talk_pressed(False)
+        return False
+
+    @staticmethod
+    def _typing() -> bool:
+        from PySide6.QtWidgets import QApplication
+
+        w = QApplication.focusWidget()
+        if isinstance(w, (QLineEdit, QAbstractSpinBox)):
+            return True
+        if isinstance(w, QTextEdit) and not w.isReadOnly():
+            return True
+        return isinstance(w, QComboBox) and w.isEditable()
+
+
+class MainWindow(QMainWindow):
+    model_loaded = Signal(object)  # LoadedModel
+    session_started = Signal(object)  # the session
+
+    def __init__(self, settings: Settings, model: str | None = None, device: str | None = None, *,
+                 session_factory=default_session_factory, list_devices=device_list.list_devices,
+                 find_models=None, log_path: Path | None = None, live_available: bool | None = None):
+        super().__init__()
+        self.settings = settings
+        self.requested_model = model  # the command line's --model wins over the remembered one
+        self.device = device
+        self.list_devices = list_devices
+        self.find_models = find_models
+        self.log_path = log_path
+        self.live_available = live_audio_available() if live_available is None else live_available
+
+        self.loaded: LoadedModel | None = None
+        self.conversation = Conversation(session_factory, self)
+        self.conversation.started.connect(self._on_session_started)
+        self.conversation.failed.connect(self._on_session_failed)
+        self.conversation.stopped.connect(self._on_session_stopped)
+        self.conversation.state_changed.connect(self._on_state)
+        self.conversation.turn_updated.connect(self._show_turn)
+        self.conversation.turn_interrupted.connect(self._on_interrupted)
+        self.conversation.status_changed.connect(self._on_status)
+        self.engine_config = EngineConfig(voice=settings.voice)
+        self.loading = False
+        self.engine_state: TurnState | None = None
+        self.status = None
+        self._status_dirty = False
+        self._interrupted_until = 0.0
+        self._pending_say = None  # audio to say once the sound-file session is up
+        self._catalog: list[CatalogEntry] = []
+        self._closing = False
+        self._devices_listed = True
+        self._open_when_listed = False
+        self._load_id = 0  # the latest load() wins; earlier ones are dropped when they finish
+
+        self.setWindowTitle("OmniDesk")
+        self._build()
+        self._build_menus()
+        self.space = _SpaceToTalk(self)
+        from PySide6.QtWidgets import QApplication
+
+        QApplication.instance().installEventFilter(self.space)
+        self.paint_timer = QTimer(self)
+        self.paint_timer.setInterval(1000 // PAINT_HZ)
+        self.paint_timer.timeout.connect(self.paint)
+        self.paint_timer.start()
+        geometry = settings.geometry("main")
+        if geometry is not None:
+            self.restoreGeometry(geometry)
+        else:
+            self.resize(1180, 760)
+
+    # ------------------------------------------------------------------ layout
+    def _build(self) -> None:
+        central = QWidget()
+        outer = QVBoxLayout(central)
+        self.demo_banner = Banner("demo")
+        self.info_banner = Banner("info")
+        self.error_banner = Banner("error")
+        for banner in (self.demo_banner, self.error_banner, self.info_banner):
+            outer.addWidget(banner)
+
+        self.transcript = TranscriptView()
+        font = self.transcript.font()
+        font.setPointSizeF(font.pointSizeF() * 1.15)
+        self.transcript.setFont(font)
+
+        side = QWidget()
+        panel = QVBoxLayout(side)
+        self.state_indicator = StateIndicator()
+        panel.addWidget(self.state_indicator)
+        self.level = LevelMeter()
+        level_row = QFormLayout()
+        level_row.addRow("Microphone", self.level)
+        panel.addLayout(level_row)
+
+        talk = QGroupBox("Conversation")
+        form = QFormLayout(talk)
+        self.mode_picker = QComboBox()
+        self.mode_picker.addItem("Hands-free", False)
+        self.mode_picker.addItem("Push to talk (hold Space)", True)
+        self.mode_picker.setCurrentIndex(1 if self.settings.push_to_talk else 0)
+        self.mode_picker.currentIndexChanged.connect(self._on_mode_changed)
+        form.addRow("&Mode", self.mode_picker)
+        buttons = QHBoxLayout()
+        self.mute_button = QPushButton("M&ute")
+        self.mute_button.setCheckable(True)
+        self.mute_button.toggled.connect(self._on_mute)
+        self.stop_button = QPushButton("&Stop reply")
+        self.stop_button.setToolTip("Stop the reply now (Esc): same as cutting in by voice")
+        self.stop_button.clicked.connect(self.stop_reply)
+        buttons.addWidget(self.mute_button)
+        buttons.addWidget(self.stop_button)
+        form.addRow(buttons)
+        self.say_button = QPushButton("Spea&k a sound file…")
+        self.say_button.setToolTip("Play a WAV file into the assistant as if you said it")
+        self.say_button.clicked.connect(self.choose_sound_file)
+        form.addRow(self.say_button)
+        panel.addWidget(talk)
+
+        audio = QGroupBox("Audio")
+        form = QFormLayout(audio)
+        self.input_picker = QComboBox()
+        self.output_picker = QComboBox()
+        self.input_picker.setAccessibleName("Input device")
+        self.output_picker.setAccessibleName("Output device")
+        self._fill_devices([])
+        self.input_picker.activated.connect(self._on_input_changed)
+        self.output_picker.activated.connect(self._on_output_changed)
+        form.addRow("&Input", self.input_picker)
+        form.addRow("&Output", self.output_picker)
+        self.output_kind = QComboBox()
+        self.output_kind.addItem("Speakers (echo cancellation on)", False)
+        self.output_kind.addItem("Headphones (echo cancellation off)", True)
+        self.output_kind.setCurrentIndex(1 if self.settings.headphones else 0)
+        self.output_kind.currentIndexChanged.connect(self._on_headphones_changed)
+        form.addRow("&Listening on", self.output_kind)
+        panel.addWidget(audio)
+
+        model = QGroupBox("Model")
+        form = QFormLayout(model)
+        self.model_picker = QComboBox()
+        self.model_picker.setAccessibleName("Model")
+        self.model_picker.activated.connect(self._on_model_picked)
+        form.addRow("Mo&del", self.model_picker)
+        self.voice_picker = QComboBox()
+        self.voice_picker.setAccessibleName("Voice")
+        self.voice_picker.activated.connect(self._on_voice_picked)
+        form.addRow("Voic&e", self.voice_picker)
+        panel.addWidget(model)
+
+        testing = QGroupBox("Interruption testing")
+        form = QFormLayout(testing)
+        row = QHBoxLayout()
+        self.interrupt_ms = QSpinBox()
+        self.interrupt_ms.setRange(0, 30000)
+        self.interrupt_ms.setSingleStep(100)
+        self.interrupt_ms.setSuffix(" ms")
+        self.interrupt_ms.setValue(self.settings.interrupt_after_ms)
+        self.interrupt_ms.setAccessibleName("Interrupt after milliseconds")
+        self.interrupt_ms.valueChanged.connect(self._on_interrupt_ms)
+        self.interrupt_after_button = QPushButton("Interrupt &after")
+        self.interrupt_after_button.setToolTip("Cut the current or next reply this long after it starts playing")
+        self.interrupt_after_button.clicked.connect(self.arm_interrupt_after)
+        row.addWidget(self.interrupt_after_button)
+        row.addWidget(self.interrupt_ms)
+        form.addRow(row)
+        self.repeat_button = QPushButton("&Repeat last question")
+        self.repeat_button.clicked.connect(self.repeat_last_question)
+        form.addRow(self.repeat_button)
+        self.barge_in_counts = QLabel("Barge-ins: 0 confirmed, 0 false")
+        self.barge_in_counts.setAccessibleName("Barge-in counters")
+        form.addRow(self.barge_in_counts)
+        panel.addWidget(testing)
+        panel.addStretch(1)
+
+        scroll = QScrollArea()  # at 200% scaling the controls may not fit: they scroll, never clip
+        scroll.setWidget(side)
+        scroll.setWidgetResizable(True)
+        scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        side.setMinimumWidth(side.sizeHint().width())
+        scroll.setMinimumWidth(side.sizeHint().width() + scroll.verticalScrollBar().sizeHint().width() + 4)
+
+        self.splitter = QSplitter()
+        self.splitter.addWidget(self.transcript)
+        self.splitter.addWidget(scroll)
+        self.splitter.setStretchFactor(0, 1)
+        self.splitter.setStretchFactor(1, 0)
+        outer.addWidget(self.splitter, 1)
+        self.setCentralWidget(central)
+
+        self.progress_label = QLabel()
+        self.progress = QProgressBar()
+        self.progress.setRange(0, 0)  # busy: the loader cannot tell how far it is
+        self.progress.setMaximumWidth(self.fontMetrics().horizontalAdvance("M") * 12)
+        self.statusBar().addWidget(self.progress_label, 1)
+        self.statusBar().addPermanentWidget(self.progress)
+        self.progress.hide()
+
+        self.overlay = LatencyOverlay(self)
+        self.overlay.export_requested.connect(self.choose_export)
+        self.overlay.installEventFilter(self)  # remember when the user closes it
+
+    def _build_menus(self) -> None:
+        def action(menu, text, slot, shortcut=None, checkable=False, app_wide=False) -> QAction:
+            a = QAction(text, self)
+            if shortcut:
+                a.setShortcut(QKeySequence(shortcut))
+                if app_wide:  # also while the overlay has the focus
+                    a.setShortcutContext(Qt.ShortcutContext.ApplicationShortcut)
+            a.setCheckable(checkable)
+            (a.toggled if checkable else a.triggered).connect(slot)
+            menu.addAction(a)
+            return a
+
+        bar = self.menuBar()
+        file = bar.addMenu("&File")
+        action(file, "Export timeline as &JSON…", lambda: self.choose_export("json"), "Ctrl+E")
+        action(file, "Export timeline as &CSV…", lambda: self.choose_export("csv"))
+        action(file, "Open the &log file", self.open_log)
+        file.addSeparator()
+        action(file, "&Quit", self.close, QKeySequence.StandardKey.Quit)
+        talk = bar.addMenu("&Conversation")
+        self.stop_action = action(talk, "&Stop reply", self.stop_reply, "Esc")
+        self.mute_action = action(talk, "&Mute microphone", self.mute_button.setChecked, "Ctrl+M", checkable=True)
+        self.mute_button.toggled.connect(self.mute_action.setChecked)
+        action(talk, "Speak a sound &file…", self.choose_sound_file, "Ctrl+O")
+        action(talk, "&Repeat last question", self.repeat_last_question, "Ctrl+R")
+        action(talk, "&Interrupt the reply after the set time", self.arm_interrupt_after, "Ctrl+I")
+        view = bar.addMenu("&View")
+        self.overlay_action = action(view, "&Latency overlay", self.set_overlay_visible, "F2", checkable=True,
+                                     app_wide=True)
+
+    # ------------------------------------------------------------------ start-up
+    def start(self) -> None:
+        """Kick off the background work: devices, the model list, the model."""
+        self.refresh_devices()
+        self.refresh_models()
+        self.load(self.requested_model or self.settings.model)
+        if self.settings.overlay_visible:
+            self.overlay_action.setChecked(True)
+
+    def refresh_devices(self) -> None:
+        # Only before a session opens: listing re-initialises PortAudio, which an open stream may not survive.
+        self._devices_listed = False
+
+        def done(found):
+            self._fill_devices(found)
+            self._devices_listed = True
+            if self._open_when_listed:
+                self._open_when_listed = False
+                self.open_session()
+
+        run_in_background("listing audio devices", lambda progress: self.list_devices(),
+                          on_done=done, on_failed=lambda e: done([]))
+
+    def refresh_models(self) -> None:
+        find = self.find_models
+        run_in_background("looking for models", lambda progress: catalog(find),
+                          on_done=self._fill_models, on_failed=lambda e: self._fill_models(catalog(lambda: [])))
+
+    # ------------------------------------------------------------------ model
+    def load(self, source: str | None) -> None:
+        """Load ``source`` (None: the best available) in the background; the window stays usable."""
+        self.loading = True
+        self.error_banner.hide()
+        self._set_progress("Looking for models")
+        find, device = self.find_models, self.device
+
+        self._load_id += 1
+        load_id = self._load_id
+
+        def work(progress):
+            progress("Looking for models")
+            choice = choose_model(source, find)
+            return load_id, load_model(choice, device, progress)
+
+        self.conversation.close()
+        old, self.loaded = self.loaded, None
+        if old is not None:
+            run_in_background("freeing the previous model", lambda progress: _free(old))
+        run_in_background("loading the model", work, on_done=self._on_model_loaded,
+                          on_failed=lambda e: self._on_model_failed(e, load_id), on_progress=self._set_progress)
+
+    def _on_model_loaded(self, result: tuple[int, LoadedModel]) -> None:
+        load_id, loaded = result
+        if load_id != self._load_id:  # another model was picked meanwhile
+            run_in_background("freeing a model nobody wants", lambda progress: _free(loaded))
+            return
+        self.loading = False
+        self._set_progress(None)
+        self.loaded = loaded
+        self.statusBar().showMessage(f"{loaded.name} ready on {loaded.device} ({loaded.choice.why})", 8000)
+        self.setWindowTitle(f"OmniDesk: {loaded.name}")
+        if loaded.demo:
+            self.demo_banner.show_message(
+                "<b>Demo model</b>: tiny and untrained (random weights), so its replies are noise, not speech. "
+                f"Get real weights with <code>{DEMO_DOWNLOAD}</code>, then pick the model here.")
+        else:
+            self.demo_banner.hide()
+        self.voice_picker.clear()
+        for name in loaded.voices:
+            self.voice_picker.addItem(name, name)
+        voice = self.settings.voice if self.settings.voice in loaded.voices else (loaded.voices or [None])[0]
+        self.engine_config.voice = voice
+        if voice is not None:
+            self.voice_picker.setCurrentIndex(loaded.voices.index(voice))
+        self._select_model_item(loaded.choice)
+        self.model_loaded.emit(loaded)
+        self.open_session()
+
+    def _on_model_failed(self, exc: BaseException, load_id: int) -> None:
+        if load_id != self._load_id:
+            return
+        self.loading = False
+        self._set_progress(None)
+        actions = {"Use the demo model": lambda: self.load(DEMO), "Open the log": self.open_log}
+        self.error_banner.show_message(plain_message(exc, "loading the model"), actions)
+
+    def _fill_models(self, entries: list[CatalogEntry]) -> None:
+        self._catalog = entries
+        self.model_picker.clear()
+        for e in entries:
+            self.model_picker.addItem(e.label, e.source)
+        self.model_picker.addItem("Choose a checkpoint folder…", CHOOSE_FOLDER)
+        if self.loaded is not None:
+            self._select_model_item(self.loaded.choice)
+
+    def _select_model_item(self, choice: ModelChoice) -> None:
+        index = self.model_picker.findData(choice.source)
+        if index < 0:  # a folder picked by hand or given on the command line
+            index = self.model_picker.count() - 1 if self.model_picker.count() else 0
+            self.model_picker.insertItem(max(0, index), choice.name, choice.source)
+            index = self.model_picker.findData(choice.source)
+        self.model_picker.setCurrentIndex(index)
+
+    def _on_model_picked(self, index: int) -> None:
+        source = self.model_picker.itemData(index)
+        if source == CHOOSE_FOLDER:
+            folder = QFileDialog.getExistingDirectory(self, "Choose a Qwen2.5-Omni checkpoint folder")
+            if not folder:
+                if self.loaded is not None:
+                    self._select_model_item(self.loaded.choice)
+                return
+            source = folder
+        if self.loaded is not None and source == self.loaded.choice.source:
+            return
+        self.settings.model = source
+        self.load(source)
+
+    def _on_voice_picked(self, index: int) -> None:
+        voice = self.voice_picker.itemData(index)
+        self.settings.voice = voice
+        # the engine reads its config when a reply starts: the next reply uses this voice
+        self.engine_config.voice = voice
+
+    # ------------------------------------------------------------------ devices
+    def _fill_devices(self, found: list) -> None:
+        def fill(picker: QComboBox, devices: list, remembered: str | None, extra: list[tuple[str, str]]):
+            picker.clear()
+            picker.addItem("System default", None)
+            names = set()
+            for d in devices:
+                if d.name in names:  # one device under several host APIs: the audio layer picks by name
+                    continue
+                names.add(d.name)
+                default = d.is_default_input if picker is self.input_picker else d.is_default_output
+                picker.addItem(d.name + ("  (default)" if default else ""), d.name)
+            for label, data in extra:
+                picker.addItem(label, data)
+            index = picker.findData(remembered) if remembered else 0
+            if remembered and index < 0:  # remembered but unplugged: keep it visible, marked
+                picker.addItem(f"{remembered} (not connected)", remembered)
+                index = picker.count() - 1
+            picker.setCurrentIndex(max(0, index))
+
+        inputs = [d for d in found if d.inputs > 0]
+        outputs = [d for d in found if d.outputs > 0]
+        fill(self.input_picker, inputs, self.settings.input_device, [("Sound files (no microphone)", SOUND_FILES)])
+        fill(self.output_picker, outputs, self.settings.output_device, [])
+
+    def _on_input_changed(self, index: int) -> None:
+        value = self.input_picker.itemData(index)
+        if value != self.settings.input_device:
+            self.settings.input_device = value
+            self.open_session()
+
+    def _on_output_changed(self, index: int) -> None:
+        value = self.output_picker.itemData(index)
+        if value != self.settings.output_device:
+            self.settings.output_device = value
+            self.open_session()
+
+    def _on_headphones_changed(self, index: int) -> None:
+        on = bool(self.output_kind.itemData(index))
+        self.settings.headphones = on
+        if self.session is not None:
+            self.session.set_headphones(on)
+
+    # ------------------------------------------------------------------ session
+    @property
+    def session(self):
+        return self.conversation.session
+
+    def session_kind(self) -> str:
+        return "files" if self.settings.input_device == SOUND_FILES or not self.live_available else "live"
+
+    def open_session(self) -> None:
+        """(Re)open the conversation on the current model and devices, in the background."""
+        if self.loaded is None:
+            return
+        if not self._devices_listed:
+            self._open_when_listed = True
+            return
+        self.error_banner.hide()
+        kind = self.session_kind()
+        if kind == "files" and not self.live_available:
+            self.info_banner.show_message(
+                "Live microphone audio is not available in this version yet. Speak to the assistant with sound "
+                "files: Conversation ▸ Speak a sound file… (Ctrl+O).")
+        else:
+            self.info_banner.hide()
+        self.transcript.clear_turns()
+        self.overlay.clear()
+        self.engine_state = None
+        self.status = None
+        self._status_dirty = True
+        self.conversation.open(kind, self.loaded, live_settings(self.settings), self.engine_config)
+
+    def _on_session_started(self, session) -> None:
+        session.set_muted(self.mute_button.isChecked())
+        session.set_push_to_talk(self.push_to_talk_on())
+        session.set_headphones(self.settings.headphones)
+        self.engine_state = TurnState.LISTENING
+        if self._pending_say is not None:
+            _speak_into(session, self._pending_say)
+            self._pending_say = None
+        self.session_started.emit(session)
+
+    def _on_session_failed(self, exc: BaseException) -> None:
+        self.engine_state = None
+        actions = {"Retry": self.open_session}
+        if self.session_kind() == "live":
+            actions["Use sound files instead"] = self.use_sound_files
+        actions["Open the log"] = self.open_log
+        self.error_banner.show_message(plain_message(exc, "opening the audio devices"), actions)
+
+    def _on_session_stopped(self, message: str) -> None:
+        self.engine_state = None
+        if "out of memory" in message.lower():
+            message = ("The GPU ran out of memory during the reply. Pick a smaller model (Qwen/Qwen2.5-Omni-3B) "
+                       "or close other programs that use the GPU, then Retry")
+        self.error_banner.show_message(as_sentence(message), {"Retry": self.retry, "Open the log": self.open_log})
+
+    def retry(self) -> None:
+        """After a device error: restart the same session (same conversation) where it can, else a new one."""
+        self.error_banner.hide()
+        self.engine_state = None
+        if not self.conversation.restart():
+            self.open_session()
+
+    def use_sound_files(self) -> None:
+        self.settings.input_device = SOUND_FILES
+        index = self.input_picker.findData(SOUND_FILES)
+        if index >= 0:
+            self.input_picker.setCurrentIndex(index)
+        self.open_session()
+
+    def shutdown(self) -> None:
+        """At exit, after the window is gone: close the session and wait for it."""
+        self.conversation.shutdown()
+
+    # ------------------------------------------------------------------ engine updates (UI thread)
+    def _on_state(self, state: TurnState) -> None:
+        self.engine_state = state
+
+    def _on_interrupted(self, view: TurnView) -> None:
+        self._interrupted_until = time.monotonic() + INTERRUPTED_FLASH_S
+        self._show_turn(view)
+
+    def _on_status(self, status) -> None:
+        self.status = status
+        self._status_dirty = True
+
+    def _show_turn(self, view: TurnView) -> None:
+        self.transcript.show_turn(view)
+        self.overlay.show_turn(view)
+
+    # ------------------------------------------------------------------ painting (15 Hz)
+    def paint(self) -> None:
+        state = self.display_state()
+        self.state_indicator.set_state(state)
+        self.transcript.set_placeholder(PLACEHOLDERS.get(state, PLACEHOLDERS["listening"]))
+        self.transcript.render()
+        if self._status_dirty:
+            self._status_dirty = False
+            s = self.status
+            self.level.set_level(None if s is None else s.level_dbfs)
+            if self.mute_button.isChecked():
+                self.level.set_level(None, "muted")
+            if s is not None:
+                self.barge_in_counts.setText(f"Barge-ins: {s.confirmed_barge_ins} confirmed, "
+                                             f"{s.false_barge_ins} false")
+            self.overlay.show_status(s)
+        if self.overlay.isVisible():
+            self.overlay.render()
+
+    def display_state(self) -> str:
+        if self.loading:
+            return "loading"
+        if self.session is None or self.engine_state is None:
+            return "idle"
+        if time.monotonic() < self._interrupted_until:
+            return "interrupted"
+        if self.mute_button.isChecked():
+            return "muted"
+        state = self.engine_state
+        if state in (TurnState.USER_SPEAKING, TurnState.SUSPECTED_BARGE_IN):
+            return "user_speaking"
+        if state == TurnState.PREEMPTING:
+            return "thinking"
+        if state == TurnState.RESPONDING:
+            current = self.overlay.current
+            playing = current is not None and current.events.get("playback_start") is not None
+            return "speaking" if playing else "thinking"
+        return "push_to_talk" if self.push_to_talk_on() else "listening"
+
+    # ------------------------------------------------------------------ controls
+    def push_to_talk_on(self) -> bool:
+        return bool(self.mode_picker.currentData())
+
+    def set_talk_pressed(self, pressed: bool) -> None:
+        if self.session is not None:
+            self.session.set_talk_pressed(pressed)
+
+    def _on_mode_changed(self, index: int) -> None:
+        on = bool(self.mode_picker.itemData(index))
+        self.settings.push_to_talk = on
+        if self.session is not None:
+            self.session.set_push_to_talk(on)
+
+    def _on_mute(self, muted: bool) -> None:
+        self.mute_button.setText("Unm&ute" if muted else "M&ute")
+        if self.session is not None:
+            self.session.set_muted(muted)
+        self._status_dirty = True
+
+    def stop_reply(self) -> None:
+        """The stop button / Esc: the same path as a confirmed barge-in."""
+        if self.session is not None:
+            self.session.interrupt()
+
+    def arm_interrupt_after(self) -> None:
+        if self.session is None:
+            return
+        ms = self.interrupt_ms.value()
+        self.session.interrupt_after(ms)
+        self.statusBar().showMessage(f"The current or next reply will be cut {ms} ms after it starts playing.", 6000)
+
+    def _on_interrupt_ms(self, value: int) -> None:
+        self.settings.interrupt_after_ms = value
+
+    def repeat_last_question(self) -> None:
+        if self.session is None:
+            return
+        if not self.session.repeat_last_question():
+            self.statusBar().showMessage("Nothing to repeat yet: ask something first.", 6000)
+
+    def choose_sound_file(self) -> None:
+        path, _ = QFileDialog.getOpenFileName(self, "Speak a sound file", "", "Sound files (*.wav *.flac *.ogg)")
+        if path:
+            self.say_file(path)
+
+    def say_file(self, path: str) -> None:
+        """Play a sound file into the assistant as the user's voice (mixed into the live microphone, or
+        through the sound-file input when there is no live session)."""
+        rate = self.loaded.executor.sample_rate_in if self.loaded is not None else 16000
+        run_in_background("reading a sound file", lambda progress: read_sound_file(path, rate),
+                          on_done=self._say,
+                          on_failed=lambda e: self.error_banner.show_message(
+                              plain_message(e, f"reading {Path(path).name}"), {"Open the log": self.open_log}))
+
+    def _say(self, audio) -> None:
+        if self.conversation.running:
+            _speak_into(self.session, audio)
+            return
+        self._pending_say = audio  # said once the session has started
+        if self.session is None and self.loaded is not None and self.settings.input_device != SOUND_FILES:
+            self.use_sound_files()  # no conversation (no microphone?): the sound-file input needs none
+
+    # ------------------------------------------------------------------ overlay, export, log
+    def set_overlay_visible(self, visible: bool) -> None:
+        self.settings.overlay_visible = visible
+        if visible:
+            self.overlay.show()
+            self.overlay.raise_()
+            self.overlay.render()
+        else:
+            self.overlay.hide()
+
+    def eventFilter(self, obj, event):
+        if obj is self.overlay and event.type() == QEvent.Type.Hide and not self._closing:
+            self.overlay_action.setChecked(False)
+        return False
+
+    def timeline_dict(self) -> dict:
+        s = self.status
+        extra = {} if s is None else {"confirmed_barge_ins": s.confirmed_barge_ins,
+                                      "false_barge_ins": s.false_barge_ins}
+        return self.conversation.timeline_dict(extra)
+
+    def choose_export(self, kind: str) -> None:
+        suffix = ".csv" if kind == "csv" else ".json"
+        name = time.strftime("omnidesk-timeline-%Y%m%d-%H%M%S") + suffix
+        path, _ = QFileDialog.getSaveFileName(self, "Export the session's timelines", name,
+                                              "CSV (*.csv)" if kind == "csv" else "JSON (*.json)")
+        if path:
+            self.export(path)
+
+    def export(self, path: str) -> Path | None:
+        try:
+            written = export_timeline(self.timeline_dict(), path)
+        except Exception as e:  # noqa: BLE001
+            log.exception("export failed")
+            self.error_banner.show_message(plain_message(e, "exporting the timeline"), {"Open the log": self.open_log})
+            return None
+        self.statusBar().showMessage(f"Timeline written to {written}", 8000)
+        return written
+
+    def open_log(self) -> None:
+        if self.log_path is None or not Path(self.log_path).exists():
+            self.statusBar().showMessage("No log file yet.", 6000)
+            return
+        QDesktopServices.openUrl(QUrl.fromLocalFile(str(self.log_path)))
+
+    def _set_progress(self, text: str | None) -> None:
+        if text is None:
+            self.progress.hide()
+            self.progress_label.clear()
+            return
+        self.progress.show()
+        self.progress_label.setText(text + "…")
+
+    # ------------------------------------------------------------------ closing
+    def closeEvent(self, event):
+        self._closing = True
+        self.settings.set_geometry("main", self.saveGeometry())
+        self.settings.sync()
+        self.overlay.hide()
+        super().closeEvent(event)
+
+
+def _speak_into(session, audio) -> None:
+    """A sound file as the user's voice: the sound-file session says it; the live one mixes it into the mic."""
+    if hasattr(session, "say"):
+        session.say(audio)
+    else:
+        session.inject(audio)
+
+
+def _free(loaded: LoadedModel) -> None:
+    """Drop a model and give its GPU memory back (pool thread)."""
+    device = loaded.device
+    del loaded
+    if device.startswith("cuda"):
+        import torch
+
+        torch.cuda.empty_cache()

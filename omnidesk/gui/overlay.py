@@ -1,0 +1,218 @@
+"""The latency overlay (F2): the current turn's stages, a big voice-to-voice number, live rates,
+barge-in costs and the recent turns with median and p90.  Built for a projector: dark,
+high-contrast, large type; it floats above the main window (a tool window) and is
+slightly transparent where the window system can do it."""
+
+from __future__ import annotations
+
+import html
+
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtGui import QColor, QPalette
+from PySide6.QtWidgets import QGridLayout, QHBoxLayout, QLabel, QPushButton, QVBoxLayout, QWidget
+
+from .bridge import TurnView
+from .latency import summary
+from .timeline_bar import TimelineBar
+
+RECENT_TURNS = 10  # the table and its median / p90
+OPACITY = 0.92
+BACKGROUND = QColor(18, 20, 26)
+TEXT = QColor(242, 244, 248)
+DIM = QColor(165, 172, 186)
+
+
+def _ms(value_s: float | None) -> str:
+    return "–" if value_s is None else f"{value_s * 1000:.0f} ms"
+
+
+def _num(value, fmt: str) -> str:
+    return "–" if value is None else format(value, fmt)
+
+
+class LatencyOverlay(QWidget):
+    export_requested = Signal(str)  # "json" or "csv"
+
+    def __init__(self, parent=None):
+        super().__init__(parent, Qt.WindowType.Tool)
+        self.setWindowTitle("OmniDesk latency")
+        self.setAccessibleName("Latency overlay")
+        self.setWindowOpacity(OPACITY)
+        self.setAutoFillBackground(True)
+        pal = self.palette()
+        for group in (QPalette.ColorGroup.Active, QPalette.ColorGroup.Inactive):
+            pal.setColor(group, QPalette.ColorRole.Window, BACKGROUND)
+            pal.setColor(group, QPalette.ColorRole.WindowText, TEXT)
+            pal.setColor(group, QPalette.ColorRole.ButtonText, TEXT)
+            pal.setColor(group, QPalette.ColorRole.Button, BACKGROUND.lighter(160))
+            pal.setColor(group, QPalette.ColorRole.Text, TEXT)
+        self.setPalette(pal)
+        font = self.font()
+        font.setPointSizeF(font.pointSizeF() * 1.35)
+        self.setFont(font)
+
+        self.turns: dict[int, TurnView] = {}
+        self.status = None
+        self._dirty = True
+
+        self.turn_label = QLabel("No turn yet")
+        self.v2v_caption = QLabel("voice-to-voice")
+        self.v2v_caption.setStyleSheet(f"color: {DIM.name()}")
+        self.v2v = QLabel("–")
+        big = self.font()
+        big.setPointSizeF(big.pointSizeF() * 3.2)
+        big.setBold(True)
+        self.v2v.setFont(big)
+        self.v2v.setAccessibleName("Voice-to-voice latency")
+        self.v2v.setAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
+        self.v2v.setMinimumWidth(self.v2v.fontMetrics().horizontalAdvance("00000 ms"))
+        self.v2v_caption.setAlignment(Qt.AlignmentFlag.AlignRight)
+        head = QHBoxLayout()
+        head.addWidget(self.turn_label, 0, Qt.AlignmentFlag.AlignTop)
+        head.addStretch(1)
+        number = QVBoxLayout()
+        number.setSpacing(0)
+        number.addWidget(self.v2v_caption)
+        number.addWidget(self.v2v)
+        head.addLayout(number)
+
+        self.bar = TimelineBar()
+
+        self.rates: dict[str, QLabel] = {}
+        rates = QGridLayout()
+        names = (("thinker", "thinker tok/s"), ("talker", "talker tok/s"), ("rtf", "vocoder RTF"),
+                 ("buffer", "playback buffer"), ("underruns", "underruns"))
+        for col, (key, caption) in enumerate(names):
+            cap = QLabel(caption)
+            cap.setStyleSheet(f"color: {DIM.name()}")
+            value = QLabel("–")
+            value_font = self.font()
+            value_font.setPointSizeF(value_font.pointSizeF() * 1.4)
+            value_font.setBold(True)
+            value.setFont(value_font)
+            value.setAccessibleName(caption)
+            rates.addWidget(cap, 0, col)
+            rates.addWidget(value, 1, col)
+            self.rates[key] = value
+
+        self.barge_ins = QLabel()
+        self.barge_ins.setAccessibleName("Barge-ins")
+        self.recent = QLabel()
+        self.recent.setTextFormat(Qt.TextFormat.RichText)
+        self.recent.setAccessibleName("Recent turns")
+        self.recent.setAlignment(Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignTop)
+
+        self.export_json = QPushButton("Export &JSON…")
+        self.export_csv = QPushButton("Export &CSV…")
+        self.close_button = QPushButton("Close (F2)")
+        self.export_json.clicked.connect(lambda: self.export_requested.emit("json"))
+        self.export_csv.clicked.connect(lambda: self.export_requested.emit("csv"))
+        self.close_button.clicked.connect(self.hide)
+        buttons = QHBoxLayout()
+        buttons.addWidget(self.export_json)
+        buttons.addWidget(self.export_csv)
+        buttons.addStretch(1)
+        buttons.addWidget(self.close_button)
+
+        layout = QVBoxLayout(self)
+        layout.addLayout(head)
+        layout.addWidget(self.bar)
+        layout.addLayout(rates)
+        layout.addWidget(self.barge_ins)
+        layout.addWidget(self.recent, 1)
+        layout.addLayout(buttons)
+        self.resize(1100, 640)
+        self.render()
+
+    # ------------------------------------------------------------------ data in (UI thread)
+    def show_turn(self, view: TurnView) -> None:
+        old = self.turns.get(view.number)
+        if old is not None and (old.done or old.interrupted) and not (view.done or view.interrupted):
+            return
+        self.turns[view.number] = view
+        self._dirty = True
+
+    def show_status(self, status) -> None:
+        self.status = status
+        self._dirty = True
+
+    def clear(self) -> None:
+        self.turns.clear()
+        self.status = None
+        self._dirty = True
+
+    @property
+    def current(self) -> TurnView | None:
+        return self.turns[max(self.turns)] if self.turns else None
+
+    # ------------------------------------------------------------------ painting
+    def render(self) -> bool:
+        if not self._dirty:
+            return False
+        self._dirty = False
+        cur = self.current
+        self.bar.set_turn(cur)
+        if cur is None:
+            self.turn_label.setText("No turn yet: say something")
+            self.v2v.setText("–")
+        else:
+            state = "cut" if cur.interrupted else ("done" if cur.done else "in progress")
+            self.turn_label.setText(f"Turn {cur.number} ({state})")
+            # while a reply is being prepared, keep the previous turn's number: an empty number flickers
+            shown = cur if cur.voice_to_voice_s is not None else self._last_measured()
+            self.v2v.setText(_ms(shown.voice_to_voice_s) if shown else "–")
+        s = self.status
+        self.rates["thinker"].setText(_num(getattr(s, "thinker_tok_s", None), ".0f"))
+        self.rates["talker"].setText(_num(getattr(s, "talker_tok_s", None), ".0f"))
+        self.rates["rtf"].setText(_num(getattr(s, "vocoder_rtf", None), ".2f"))
+        self.rates["buffer"].setText(_num(getattr(s, "playback_buffer_ms", None), ".0f") +
+                                     (" ms" if s is not None else ""))
+        self.rates["underruns"].setText(_num(getattr(s, "underruns", None), "d"))
+        self.barge_ins.setText(self._barge_in_text())
+        self.recent.setText(self._recent_html())
+        return True
+
+    def _last_measured(self) -> TurnView | None:
+        for n in sorted(self.turns, reverse=True):
+            if self.turns[n].voice_to_voice_s is not None:
+                return self.turns[n]
+        return None
+
+    def _barge_in_text(self) -> str:
+        s = self.status
+        confirmed = getattr(s, "confirmed_barge_ins", None)
+        false = getattr(s, "false_barge_ins", None)
+        if confirmed is None:
+            confirmed = sum(1 for v in self.turns.values() if v.interrupted)
+        parts = [f"Barge-ins: {confirmed} confirmed, {_num(false, 'd')} false"]
+        cut = next((self.turns[n] for n in sorted(self.turns, reverse=True) if self.turns[n].interrupted), None)
+        if cut is not None:
+            b = cut.barge_in
+            parts.append(f"last (turn {cut.number}): stopped in {_ms(cut.stop_s)}, "
+                         f"kept {b.kept_text_tokens} / rolled back {b.rolled_back_tokens} tokens")
+        return "   ·   ".join(parts)
+
+    def _recent_html(self) -> str:
+        views = [self.turns[n] for n in sorted(self.turns)]
+        if not views:
+            return ""
+        dim = DIM.name()
+        rows = [f"<tr style='color:{dim}'><th align=left>turn</th><th align=right>voice-to-voice</th>"
+                f"<th align=right>endpoint → playing</th><th align=right>stop</th>"
+                f"<th align=left>&nbsp;&nbsp;rollback</th></tr>"]
+        for v in views[-RECENT_TURNS:]:
+            ep = None
+            if v.endpoint is not None and v.events.get("playback_start") is not None:
+                ep = v.events["playback_start"] - v.endpoint
+            rb = (f"kept {v.barge_in.kept_text_tokens}, dropped {v.barge_in.rolled_back_tokens}"
+                  if v.barge_in is not None else "")
+            rows.append(f"<tr><td>{v.number}</td><td align=right>{_ms(v.voice_to_voice_s)}</td>"
+                        f"<td align=right>{_ms(ep)}</td><td align=right>{_ms(v.stop_s)}</td>"
+                        f"<td>&nbsp;&nbsp;{html.escape(rb)}</td></tr>")
+        s = summary(views, last=RECENT_TURNS)
+        med, p90 = s["voice_to_voice_median_ms"], s["voice_to_voice_p90_ms"]
+        line = (f"<p>voice-to-voice over the last {s['turns']} turns: median <b>{_num(med, '.0f')} ms</b>, "
+                f"p90 <b>{_num(p90, '.0f')} ms</b>")
+        if s["stop_median_ms"] is not None:
+            line += f" · stop median {s['stop_median_ms']:.0f} ms, p90 {s['stop_p90_ms']:.0f} ms"
+        return f"<table cellspacing=6>{''.join(rows)}</table>{line}</p>"

@@ -1,0 +1,97 @@
+"""The conversation: user turns, the assistant's text as it streams, cut replies with the unheard rest greyed out."""
+
+from __future__ import annotations
+
+import html
+
+from PySide6.QtGui import QColor, QPalette
+from PySide6.QtWidgets import QTextBrowser
+
+from .bridge import TurnView
+
+
+class TranscriptView(QTextBrowser):
+    """Read-only, selectable, screen-reader friendly (plain rich text).  Call :meth:`show_turn`
+    with each new TurnView, then :meth:`render` (the window does it at most ~15 times a second)."""
+
+    def __init__(self, parent=None):
+        super().__init__(parent)
+        self.setOpenLinks(False)
+        self.setAccessibleName("Conversation")
+        self.turns: dict[int, TurnView] = {}
+        self.placeholder = "Say something: OmniDesk is listening."
+        self._dirty = True
+
+    def show_turn(self, view: TurnView) -> None:
+        old = self.turns.get(view.number)
+        if old is not None and (old.done or old.interrupted) and not (view.done or view.interrupted):
+            return  # a late streaming update must not undo the final state
+        self.turns[view.number] = view
+        self._dirty = True
+
+    def clear_turns(self) -> None:
+        self.turns.clear()
+        self._dirty = True
+
+    def set_placeholder(self, text: str) -> None:
+        if text != self.placeholder:
+            self.placeholder = text
+            self._dirty = True
+
+    def changeEvent(self, event):  # light/dark switch: colours come from the palette
+        super().changeEvent(event)
+        self._dirty = True
+
+    def render(self) -> bool:
+        """Rebuild the page if something changed; keeps the view at the bottom if it was there."""
+        if not self._dirty:
+            return False
+        self._dirty = False
+        bar = self.verticalScrollBar()
+        at_bottom = bar.value() >= bar.maximum() - 4
+        self.setHtml(self.to_html())
+        if at_bottom:
+            bar.setValue(bar.maximum())
+        return True
+
+    def to_html(self) -> str:
+        pal = self.palette()
+        muted = _blend(pal.color(QPalette.ColorRole.Text), pal.color(QPalette.ColorRole.Base)).name()
+        accent = pal.color(QPalette.ColorRole.Highlight).name()
+        if not self.turns:
+            return f"<p style='color:{muted}'>{html.escape(self.placeholder)}</p>"
+        parts = []
+        for number in sorted(self.turns):
+            parts.append(self._turn_html(self.turns[number], muted, accent))
+        return "".join(parts)
+
+    @staticmethod
+    def _turn_html(v: TurnView, muted: str, accent: str) -> str:
+        said = v.user_speech_s
+        you = f"spoke for {said:.1f} s" if said is not None else "speaking…"
+        out = [f"<p><b style='color:{accent}'>You</b> <span style='color:{muted}'>({you})</span></p>"]
+        if not v.text and not v.interrupted and v.user_speech_end is None:
+            return "".join(out)
+        out.append("<p style='margin-left:1em'><b>OmniDesk</b><br>")
+        if v.interrupted:
+            heard = v.heard_text or ""
+            rest = v.discarded_text if heard else v.text
+            out.append(html.escape(heard))
+            if rest:
+                out.append(f"<span style='color:{muted}; text-decoration:line-through'>{html.escape(rest)}</span>")
+            b = v.barge_in
+            note = f"you cut in after {b.heard_audio_s:.1f} s: {b.kept_text_tokens} tokens kept, " \
+                   f"{b.rolled_back_tokens} rolled back"
+            out.append(f"<br><i style='color:{muted}'>✂ {note}</i>")
+        elif v.text:
+            out.append(html.escape(v.text) + ("" if v.done else " …"))
+        else:
+            out.append(f"<i style='color:{muted}'>thinking…</i>")
+        out.append("</p>")
+        return "".join(out)
+
+
+def _blend(a: QColor, b: QColor, f: float = 0.5) -> QColor:
+    """Halfway between text and background: readable, clearly secondary, in light and dark themes."""
+    return QColor(int(a.red() * f + b.red() * (1 - f)), int(a.green() * f + b.green() * (1 - f)),
+                  int(a.blue() * f + b.blue() * (1 - f)))

@@ -1,0 +1,321 @@
+"""The live session end to end on real (virtual) audio devices: PortAudio duplex stream on a private
+PulseAudio server, the demo model, webrtcvad endpointing, echo cancellation.
+
+Speech goes into the ``omnidesk_mic`` null sink with ``pacat``; what the app plays is captured from
+``omnidesk_speaker.monitor`` with ``parec``.  Everything runs in real time, so each test takes
+10-20 s.  Times measured on the harness's wall clock are compared to the session's timeline only
+through differences, with tolerances for the device latencies (about 0.1-0.3 s each way here).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile as sf
+
+from audio_harness import MIC, SPEAKER, pulse_server  # noqa: F401  (fixture)
+from omnidesk.engine.timeline import validate
+
+FIXTURES = Path(__file__).parent / "fixtures"
+REC_RATE = 16000
+BLOCK = REC_RATE // 100  # 10 ms analysis blocks of the speaker recording
+AUDIBLE = 0.01  # peak above which a recorded block counts as sound (the demo plays at RMS 0.15)
+# Speaker silent this soon after the interrupting speech starts playing into the mic: onset
+# detection (one 40 ms frame) + capture and output device latency (~0.12 + 0.14 s with the
+# 0.1 s PortAudio latency) + pacat/parec latency; measured 0.3-0.5 s here.
+BARGE_IN_STOP_BOUND_S = 0.9
+
+
+def wav(name: str) -> np.ndarray:
+    x, rate = sf.read(str(FIXTURES / name), dtype="float32")
+    assert rate == REC_RATE
+    return x
+
+
+@pytest.fixture(scope="module")
+def executor():
+    from omnidesk.engine.executors.qwen2_5_omni import executor_for
+    from omnidesk.models.demo import make_demo
+    from omnidesk.models.loading import load_stack
+
+    return executor_for(load_stack(make_demo(), device="cpu"))
+
+
+class Recorder:
+    """Collects the session's updates (called on the engine thread)."""
+
+    def __init__(self):
+        self.events: list[tuple[float, str, object]] = []
+        self.lock = threading.Lock()
+
+    def __call__(self, kind, payload):
+        if kind == "status":
+            return
+        with self.lock:
+            self.events.append((time.monotonic(), kind, payload))
+
+    def kinds(self) -> list[str]:
+        with self.lock:
+            return [k for _, k, _ in self.events]
+
+    def first(self, kind: str, pred=lambda p: True):
+        with self.lock:
+            return next(((t, p) for t, k, p in self.events if k == kind and pred(p)), None)
+
+
+def wait_for(pred, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def start_session(executor, rec: Recorder, **settings):
+    from omnidesk.audio.session import LiveSession, LiveSettings
+
+    session = LiveSession(executor, LiveSettings(**settings), on_update=rec)
+    session.start()
+    # ALSA's pulse plugin takes 1-2 s before blocks flow steadily
+    wait_for(lambda: session.frames >= 25, 15, "the microphone stream to run")
+    return session
+
+
+def audible_blocks(x: np.ndarray) -> np.ndarray:
+    x = x[: x.size // BLOCK * BLOCK]
+    return np.abs(x).reshape(-1, BLOCK).max(axis=1) > AUDIBLE
+
+
+def playing(rec: Recorder):
+    return rec.first("reply", lambda turn: turn.events.get("playback_start") is not None) is not None
+
+
+def run_turn(pulse, executor, during_reply=None, rec_seconds=14.0, settle=True, **settings):
+    """Play question.wav into the mic; optionally call ``during_reply(session)`` once the reply plays.
+    Returns (session, recorder, speaker recording, wall time the recording started, wall times)."""
+    rec = Recorder()
+    session = start_session(executor, rec, **settings)
+    marks = {}
+
+    def script():
+        marks["question_start"] = time.monotonic()
+        pulse.play_into_mic(wav("question.wav"), REC_RATE)
+        marks["question_end"] = time.monotonic()
+        if during_reply is not None:
+            wait_for(lambda: playing(rec), 15, "the reply to start playing")
+            marks["playing_seen"] = time.monotonic()
+            during_reply(session, marks)
+
+    try:
+        t_rec = time.monotonic()
+        audio = pulse.record_speaker(rec_seconds, rate=REC_RATE, during=script)
+        if settle:
+            wait_for(lambda: session.engine.idle, 20, "the conversation to go idle")
+    finally:
+        session.close()
+    return session, rec, audio, t_rec, marks
+
+
+def test_question_gets_reply_after_it_ends(pulse_server, executor):
+    session, rec, audio, t_rec, marks = run_turn(pulse_server, executor)
+    turns = session.timeline.turns
+    assert len(turns) == 1, [t.to_dict()["events"] for t in turns]
+    turn = turns[0]
+    validate(session.timeline.to_dict())
+    assert not turn.interrupted
+    ev = turn.events
+    assert turn.user_speech_start < turn.user_speech_end < turn.endpoint <= ev["playback_start"]
+    # the question lasts 2.2 s; the endpointer back-dates its start and end to the speech itself
+    assert 1.6 < turn.user_speech_end - turn.user_speech_start < 2.8
+    assert turn.played_audio_s == pytest.approx(turn.reply_audio_s, abs=0.05)
+    # the recording: the reply is there, and it starts after the question ended
+    loud = audible_blocks(audio)
+    assert loud.any(), "nothing reached the speaker"
+    onset_wall = t_rec + np.flatnonzero(loud)[0] * BLOCK / REC_RATE
+    gap_wall = onset_wall - marks["question_end"]
+    gap_timeline = ev["playback_start"] - turn.user_speech_end
+    print(f"question end -> reply on the speaker: {gap_wall * 1000:.0f} ms (wall), "
+          f"{gap_timeline * 1000:.0f} ms (timeline: speech end -> playback start)")
+    assert gap_wall > 0, "the reply started before the question had finished playing"
+    assert abs(gap_wall - gap_timeline) < 0.6
+    # about the reply's length of sound, not a click
+    assert loud.sum() * BLOCK / REC_RATE > 0.8 * turn.reply_audio_s
+    assert [k for k in rec.kinds() if k in ("turn", "done")] == ["turn", "done"]
+
+
+def barge_in(pulse):
+    def barge(session, marks):
+        time.sleep(1.0)  # let a second of the reply play
+        marks["barge_start"] = time.monotonic()
+        pulse.play_into_mic(wav("interrupt.wav"), REC_RATE)
+    return barge
+
+
+def check_interrupted(session, audio, t_rec, marks):
+    turns = session.timeline.turns
+    validate(session.timeline.to_dict())
+    first = turns[0]
+    assert first.interrupted, "the reply was not interrupted"
+    b = first.barge_in
+    assert b.onset <= b.confirmed <= b.playback_stopped
+    # confirmation needs 300 ms of speech (the default barge_in_confirm_ms)
+    assert b.confirmed - b.onset >= 0.28
+    assert 0.3 < b.heard_audio_s < first.reply_audio_s
+    assert first.played_audio_s == b.heard_audio_s
+    # rollback: the cache lost the unheard part of the reply
+    assert b.thinker_cache_after < b.thinker_cache_before
+    assert b.kept_text_tokens <= len(first.text_token_ids)
+    assert session.stats.barge_ins == 1
+    # the interruption became the next turn
+    assert len(turns) >= 2 and turns[1].user_speech_start >= b.onset - 0.05
+    # the recording: the speaker went quiet soon after the interrupting speech began
+    loud = audible_blocks(audio)
+    start = int(round((marks["barge_start"] - t_rec) * REC_RATE / BLOCK))
+    # first 300 ms of silence after the barge-in started
+    run = 0
+    stop_block = None
+    for i in range(start, loud.size):
+        run = 0 if loud[i] else run + 1
+        if run == 30:
+            stop_block = i - 29
+            break
+    assert stop_block is not None, "the speaker never went quiet after the barge-in"
+    assert loud[start - 20:start].any(), "the reply was not playing when the barge-in started"
+    stop_s = (stop_block - start) * BLOCK / REC_RATE
+    print(f"barge-in stop time (interrupting speech into the mic -> speaker silent): {stop_s * 1000:.0f} ms; "
+          f"timeline onset -> confirmed {1000 * (b.confirmed - b.onset):.0f} ms, kept {b.kept_text_tokens} "
+          f"text tokens, rolled back {b.rolled_back_tokens}")
+    assert stop_s < BARGE_IN_STOP_BOUND_S
+
+
+def test_speech_during_reply_interrupts_it(pulse_server, executor):
+    # nothing leaks from the virtual speaker into the virtual mic here: the headphones case
+    session, rec, audio, t_rec, marks = run_turn(pulse_server, executor, during_reply=barge_in(pulse_server),
+                                                 rec_seconds=16.0, headphones=True)
+    check_interrupted(session, audio, t_rec, marks)
+
+
+def test_noise_burst_during_reply_does_not_interrupt(pulse_server, executor):
+    def burst(session, marks):
+        time.sleep(1.0)
+        marks["burst_start"] = time.monotonic()
+        pulse_server.play_into_mic(wav("noise_burst.wav"), REC_RATE)
+        marks["burst_end"] = time.monotonic()
+
+    session, rec, audio, t_rec, marks = run_turn(pulse_server, executor, during_reply=burst, headphones=True)
+    turns = session.timeline.turns
+    assert len(turns) == 1
+    turn = turns[0]
+    assert not turn.interrupted
+    assert session.stats.barge_ins == 0
+    # the burst was heard as a possible barge-in (playback paused) and then let go
+    assert session.stats.false_barge_ins >= 1
+    assert "done" in rec.kinds()
+    # playback resumed: the whole reply was played, and sound continues after the burst
+    assert turn.played_audio_s == pytest.approx(turn.reply_audio_s, abs=0.05)
+    loud = audible_blocks(audio)
+    after = int(round((marks["burst_end"] + 0.6 - t_rec) * REC_RATE / BLOCK))
+    assert loud[after:after + 50].mean() > 0.8, "playback did not resume after the noise burst"
+
+
+@pytest.fixture
+def echo_path(pulse_server):
+    """Route the speaker back into the microphone like a laptop's own speakers: about 15 dB
+    quieter (pulse volume 0.55 = -15.6 dB on its cubic scale), 20 ms of loopback buffer on top of
+    the null sinks' own latency."""
+    r = pulse_server.pactl("load-module", "module-loopback", f"source={SPEAKER}.monitor", f"sink={MIC}",
+                           "latency_msec=20", "source_dont_move=true", "sink_dont_move=true")
+    module = r.stdout.strip()
+    deadline = time.monotonic() + 5
+    index = None
+    while index is None and time.monotonic() < deadline:
+        for block in pulse_server.pactl("list", "sink-inputs").stdout.split("Sink Input #")[1:]:
+            if f"Owner Module: {module}\n" in block:
+                index = block.split()[0]
+        time.sleep(0.05)
+    assert index is not None, "loopback did not appear"
+    pulse_server.pactl("set-sink-input-volume", index, "36045")  # 0.55 of 65536
+    yield
+    pulse_server.pactl("unload-module", module, check=False)
+
+
+def test_echo_cancellation_keeps_the_assistant_from_interrupting_itself(pulse_server, executor, echo_path):
+    on, rec_on, *_ = run_turn(pulse_server, executor)
+    erle = on.echo_reduction_db()
+    print(f"echo reduction with cancellation on: {erle:.1f} dB")
+    assert on.stats.barge_ins == 0, "interrupted itself with echo cancellation on"
+    assert not on.timeline.turns[0].interrupted
+    assert erle is not None and erle > 15
+    # the same with cancellation off ("headphones"): the echo cuts the reply off
+    # (it then goes on talking to its own echo, so do not wait for it to settle)
+    off, rec_off, *_ = run_turn(pulse_server, executor, headphones=True, settle=False)
+    assert off.timeline.turns[0].interrupted, "echo did not interrupt without cancellation: the test proves nothing"
+    assert off.stats.barge_ins >= 1
+
+
+def test_barge_in_works_through_echo_cancellation(pulse_server, executor, echo_path):
+    # laptop speakers: the user talks over the assistant's echo
+    session, rec, audio, t_rec, marks = run_turn(pulse_server, executor, during_reply=barge_in(pulse_server),
+                                                 rec_seconds=16.0)
+    check_interrupted(session, audio, t_rec, marks)
+
+
+def test_live_command_on_virtual_devices(pulse_server, tmp_path):
+    import subprocess
+    import sys
+
+    timeline_path = tmp_path / "t.json"
+    cmd = [sys.executable, "-m", "omnidesk", "live", "--model", "demo", "--turns", "1", "--duration", "60",
+           "--timeline", str(timeline_path)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        time.sleep(8)  # model load + stream start
+        pulse_server.play_into_mic(wav("question.wav"), REC_RATE)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, out
+    assert "replies are noise" in out  # the demo notice
+    assert "voice-to-voice" in out  # the latency header
+    rows = [line for line in out.splitlines() if line.strip().startswith("1  ")]
+    assert rows, out
+    import json
+
+    turns = json.loads(timeline_path.read_text())["turns"]
+    assert len(turns) >= 1 and turns[0]["events"]["playback_start"] is not None
+
+
+def test_missing_device_is_a_clear_error(pulse_server, executor):
+    from omnidesk.audio.device import AudioDeviceError
+    from omnidesk.audio.session import LiveSession, LiveSettings
+
+    session = LiveSession(executor, LiveSettings(input_device="USB Headset 9000"))
+    with pytest.raises(AudioDeviceError, match=r"microphone \(input\) 'USB Headset 9000' not found.*available: .*pulse"):
+        session.start()
+    assert session.engine is None  # nothing left running
+
+
+def test_stream_that_stops_is_reported_and_restart_recovers(pulse_server, executor):
+    rec = Recorder()
+    session = start_session(executor, rec)
+    try:
+        # past the start-up phase (where a stream that dies is reopened quietly)
+        wait_for(lambda: session.audio.callbacks > 80, 10, "the stream to run steadily")
+        # the device goes away under the session (as when a USB microphone is unplugged)
+        session.audio._in.abort()
+        wait_for(lambda: rec.first("error") is not None, 10, "the error report")
+        _, message = rec.first("error")
+        assert "stopped" in message or "no audio" in message
+        assert "Retry" in message
+        # the retry path: the same conversation continues on fresh streams
+        before = session.frames
+        session.restart()
+        wait_for(lambda: session.frames > before + 25, 15, "audio after the restart")
+    finally:
+        session.close()
