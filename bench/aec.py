@@ -6,7 +6,7 @@ interrupt.wav and second_question.wav back to back (~6 s); the microphone
 hears it through a seeded synthetic room (direct path at -10 dB after the
 delay, plus decaying reflections) with -80 dBFS noise; 40 ms blocks at 16 kHz.
 
-* per delay (0/30/60/120 ms of echo delay beyond the duplex alignment): echo
+* per delay (0/30/60/120 ms of echo delay beyond the mic/speaker pairing): echo
   reduction (ERLE) after the first second, ERLE over the first 0.5 s
   (convergence), with the delay hint left at 0 and with the true delay given.
 * noise suppression on/off at 60 ms.

@@ -16,9 +16,10 @@ system_packages=(libportaudio2 libegl1 libgl1 libxkbcommon0 libfontconfig1 libgl
                  libxkbcommon-x11-0 libxcb-cursor0 libxcb-icccm4 libxcb-keysyms1 libxcb-image0
                  libxcb-render-util0 libxcb-shape0)
 # the test suite validates the desktop entry and the AppStream metainfo, runs a private PulseAudio
-# server with null sinks as virtual speaker and microphone, and speaks test phrases with espeak-ng
+# server with null sinks as virtual speaker and microphone, speaks test phrases with espeak-ng, and
+# opens the window on a virtual X server (Xvfb)
 [ "${1:-}" = "--test" ] && system_packages+=(desktop-file-utils appstream pulseaudio pulseaudio-utils
-                                             libasound2-plugins espeak-ng)
+                                             libasound2-plugins espeak-ng xvfb xauth)
 missing=()
 if command -v dpkg >/dev/null 2>&1; then
   for p in "${system_packages[@]}"; do

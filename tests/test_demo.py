@@ -1,7 +1,6 @@
 """The built-in demo checkpoint: layout, size, ids unlike the real model's, determinism, a full turn."""
 
 import hashlib
-import json
 import subprocess
 import sys
 from pathlib import Path

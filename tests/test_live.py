@@ -141,6 +141,9 @@ def test_question_gets_reply_after_it_ends(pulse_server, executor):
     gap_timeline = ev["playback_start"] - turn.user_speech_end
     print(f"question end -> reply on the speaker: {gap_wall * 1000:.0f} ms (wall), "
           f"{gap_timeline * 1000:.0f} ms (timeline: speech end -> playback start)")
+    print(f"underruns (20 ms blocks short of reply audio): {session.audio.speaker.underruns}, "
+          f"PortAudio output underflows: {session.audio.output_underflows}, capture overflows: "
+          f"{session.audio.capture_overflows + session.audio.input_overflows}")
     assert gap_wall > 0, "the reply started before the question had finished playing"
     assert abs(gap_wall - gap_timeline) < 0.6
     # about the reply's length of sound, not a click

@@ -10,13 +10,13 @@ high-pass filter) as shipped in the ``livekit`` wheel (``rtc.AudioProcessingModu
 it is a native library, costs ~11 ms of CPU per second of 16 kHz audio, and
 needs no network or account.
 
-Alignment.  The app runs one duplex PortAudio stream, so each callback hands
-over a microphone block and the speaker block played over exactly the same
-sample interval on the same clock.  :meth:`EchoCanceller.process` takes that
-pair.  The echo of a speaker sample reaches the microphone later by only the
-device's output latency + input latency (plus the acoustic path, ~1 ms per
-34 cm); that residual is what :attr:`EchoCanceller.delay_ms` should carry
-(``stream.latency`` output + input from sounddevice).  AEC3 estimates the
+Alignment.  The app pairs each captured microphone block with the speaker
+samples rendered when it arrived (omnidesk.audio.device.AudioIO), on one rate
+and one PortAudio clock.  :meth:`EchoCanceller.process` takes that pair.  The
+echo of a rendered sample reaches the microphone later by the device's output
+latency + input latency (plus the acoustic path, ~1 ms per 34 cm); that is
+what :attr:`EchoCanceller.delay_ms` should carry (``stream.latency`` output +
+input from sounddevice).  AEC3 estimates the
 delay itself: on a synthetic room with 0-500 ms of delay the hint changes the
 echo reduction by under 1 dB, so a rough value is enough.
 
@@ -95,7 +95,7 @@ class EchoCanceller:
 
     @property
     def delay_ms(self) -> float:
-        """Delay from the reference block's playback to its echo at the mic, beyond the duplex alignment."""
+        """Delay from the reference block's playback to its echo at the mic, beyond the pairing."""
         return self._delay_ms
 
     @delay_ms.setter

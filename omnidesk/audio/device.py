@@ -33,11 +33,12 @@ from omnidesk.engine.speaker import VirtualSpeaker
 
 # Rates tried after the devices' own defaults, best first.
 FALLBACK_RATES = (48000, 44100, 32000, 24000, 16000)
-DEFAULT_BLOCK_MS = 20.0  # callback period; 10 ms drops blocks on a busy 2-core laptop
+DEFAULT_BLOCK_MS = 20.0  # callback period: half a model frame; fewer Python wake-ups than 10 ms
 # Device buffering asked of PortAudio, seconds.  Lower stops a barge-in sooner (audio already
-# handed to the device still plays) but ALSA's pulse plugin aborts duplex streams below ~0.1 s
-# when another client changes the sink's latency (measured: 0.05 fails every time, 0.1 never).
-DEFAULT_LATENCY_S = 0.1
+# handed to the device still plays) at more risk of underruns on a busy machine.  Measured on the
+# test suite's PulseAudio devices: 0.05 -> speaker silent 220-230 ms after an interrupting voice
+# starts, 0.1 -> 310-350 ms; 0.03 and 0.05 ran without stream errors.
+DEFAULT_LATENCY_S = 0.05
 CAPTURE_RING_S = 2.0  # the engine loop may stall this long before capture overflows
 _TIMING_SLOTS = 256  # per-block DAC times kept for the playhead (>= output latency / block)
 
@@ -120,7 +121,7 @@ def resolve_device(spec: str | int | None, kind: str, devices: list[DeviceInfo] 
 
 
 def choose_rate(inp: DeviceInfo, out: DeviceInfo, in_channels: int, out_channels: int) -> int:
-    """A sample rate both devices accept for a float32 duplex stream: their native rates first."""
+    """A sample rate both devices accept (float32 streams): their native rates first."""
     sd = _sd()
     tried = []
     for rate in (out.default_rate, inp.default_rate, *FALLBACK_RATES):
@@ -140,7 +141,7 @@ def choose_rate(inp: DeviceInfo, out: DeviceInfo, in_channels: int, out_channels
 
 class DeviceSpeaker:
     """The engine's speaker on a real device: same interface as :class:`VirtualSpeaker`, in model
-    samples (24 kHz), played by the duplex stream's callback at the device rate."""
+    samples (24 kHz), played by the output stream's callback at the device rate."""
 
     def __init__(self, device_rate: int, model_rate: int = 24000, block: int = 960,
                  capacity_s: float = 6.0, fade_ms: float = 5.0):

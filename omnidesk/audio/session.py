@@ -1,4 +1,4 @@
-"""A live conversation on real audio devices: duplex stream -> echo canceller -> endpointer -> engine.
+"""A live conversation on real audio devices: streams -> echo canceller -> endpointer -> engine.
 
 :class:`LiveSession` is what ``omnidesk live`` and the window run.  It owns
 
@@ -35,7 +35,8 @@ import numpy as np
 
 from omnidesk.engine.engine import Engine, EngineConfig, EngineThread, TurnState
 from omnidesk.engine.executor import Executor
-from omnidesk.engine.timeline import Timeline, TurnTimeline
+from omnidesk.engine.rates import TimedExecutor
+from omnidesk.engine.timeline import Timeline
 from omnidesk.engine.vad import Endpointer, EndpointerConfig, level_dbfs
 
 from .device import AudioDeviceError, AudioIO
@@ -62,7 +63,7 @@ class LiveSettings:
     pre_roll_ms: float = 200.0
     push_to_talk: bool = False
     block_ms: float = 20.0
-    latency_s: float = 0.1  # device buffering; see omnidesk.audio.device.DEFAULT_LATENCY_S
+    latency_s: float = 0.05  # device buffering; see omnidesk.audio.device.DEFAULT_LATENCY_S
 
     def endpointer_config(self) -> EndpointerConfig:
         return EndpointerConfig(speech_start_ms=self.speech_start_ms, barge_in_start_ms=self.barge_in_confirm_ms,
@@ -78,9 +79,9 @@ class LiveStatus:
     overflows: int
     confirmed_barge_ins: int
     false_barge_ins: int
-    thinker_tok_s: float | None = None  # current/last reply
+    thinker_tok_s: float | None = None  # current/last reply, per second of compute
     talker_tok_s: float | None = None
-    vocoder_rtf: float | None = None  # generation time / audio produced, whole pipeline
+    vocoder_rtf: float | None = None  # vocoder compute time / audio produced
     muted: bool = False
     talk_pressed: bool = False
 
@@ -89,7 +90,7 @@ class LiveSession:
     def __init__(self, executor: Executor, settings: LiveSettings | None = None,
                  engine_config: EngineConfig | None = None,
                  on_update: Callable[[str, object], None] | None = None, timeline: Timeline | None = None):
-        self.ex = executor
+        self.ex = TimedExecutor(executor)  # compute-time rates for the status
         self.settings = settings or LiveSettings()
         self.engine_config = engine_config or EngineConfig()
         self.on_update = on_update or (lambda kind, payload: None)
@@ -239,10 +240,7 @@ class LiveSession:
 
     def _status(self) -> LiveStatus:
         engine, audio = self.engine, self.audio
-        turn = self.timeline.turns[-1] if self.timeline.turns else None
-        think = talk = rtf = None
-        if turn is not None:
-            think, talk, rtf = _rates(turn, engine.now, self.ex.sample_rate_out)
+        think, talk, rtf = self.ex.rates()
         return LiveStatus(level_dbfs=self._level, playback_buffer_ms=audio.speaker.buffered_samples / audio.speaker.sample_rate * 1000.0,
                           underruns=audio.speaker.underruns + audio.output_underflows,
                           overflows=audio.capture_overflows + audio.input_overflows,
@@ -357,27 +355,6 @@ class LiveSession:
         if started is not None and engine.now >= started + self._interrupt_after:
             self._interrupt_after = None
             asyncio.get_running_loop().create_task(engine.interrupt(onset=engine.now, confirmed=engine.now))
-
-
-def _rates(turn: TurnTimeline, now: float, rate_out: int) -> tuple[float | None, float | None, float | None]:
-    """Thinker and talker tokens/s and generation time per audio second for ``turn`` so far."""
-    ev = turn.events
-    end = ev.get("reply_done") or now
-
-    def per_s(first, n):
-        if first is None or n < 2 or end - first <= 0:
-            return None
-        return (n - 1) / (end - first)
-
-    think = per_s(ev.get("first_text_token"), len(turn.text_token_ids))
-    talk = per_s(ev.get("first_codec_token"), len(turn.codec_token_ids))
-    rtf = None
-    produced = turn.reply_audio_s or 0.0
-    if ev.get("first_codec_token") is not None and produced > 0:
-        rtf = (end - ev["prefill_done"]) / produced if ev.get("prefill_done") is not None else None
-    if rtf is not None and not math.isfinite(rtf):
-        rtf = None
-    return think, talk, rtf
 
 
 __all__ = ["LiveSession", "LiveSettings", "LiveStatus", "AudioDeviceError"]

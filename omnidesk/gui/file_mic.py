@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from omnidesk.engine.engine import Engine, EngineConfig, EngineStats, EngineThread, TurnState
+from omnidesk.engine.rates import TimedExecutor
 from omnidesk.engine.speaker import VirtualSpeaker
 from omnidesk.engine.timeline import Timeline
 from omnidesk.engine.vad import Endpointer, EndpointerConfig, EnergyVAD, level_dbfs
@@ -52,59 +53,12 @@ class SessionStatus:
     vocoder_rtf: float | None
 
 
-class _TimedExecutor:
-    """The executor, with compute time per stage measured for the live rates (worker thread)."""
-
-    def __init__(self, executor):
-        self._ex = executor
-        self._reset()
-
-    def __getattr__(self, name):
-        return getattr(self._ex, name)
-
-    def _reset(self) -> None:
-        self.thinker_s = self.talker_s = self.vocoder_s = self.vocoder_audio_s = 0.0
-        self.thinker_tokens = self.talker_tokens = 0
-
-    def start_reply(self, *args, **kwargs):
-        self._reset()  # rates are per reply
-        return self._ex.start_reply(*args, **kwargs)
-
-    def thinker_step(self):
-        t0 = time.perf_counter()
-        token = self._ex.thinker_step()
-        self.thinker_s += time.perf_counter() - t0
-        self.thinker_tokens += token is not None
-        return token
-
-    def talker_step(self):
-        t0 = time.perf_counter()
-        token = self._ex.talker_step()
-        self.talker_s += time.perf_counter() - t0
-        self.talker_tokens += token is not None
-        return token
-
-    def vocoder_step(self, final: bool = False):
-        t0 = time.perf_counter()
-        chunks = self._ex.vocoder_step(final)
-        self.vocoder_s += time.perf_counter() - t0
-        self.vocoder_audio_s += sum(c.size for c in chunks) / self._ex.sample_rate_out
-        return chunks
-
-    def rates(self) -> tuple[float | None, float | None, float | None]:
-        """thinker tok/s, talker tok/s (per second of compute), vocoder real-time factor."""
-        thinker = self.thinker_tokens / self.thinker_s if self.thinker_tokens and self.thinker_s > 0 else None
-        talker = self.talker_tokens / self.talker_s if self.talker_tokens and self.talker_s > 0 else None
-        rtf = self.vocoder_s / self.vocoder_audio_s if self.vocoder_audio_s > 0 else None
-        return thinker, talker, rtf
-
-
 class FileMicSession:
     """Same interface as the live session; :meth:`say` plays audio into the (virtual) microphone."""
 
     def __init__(self, executor, settings=None, engine_config: EngineConfig | None = None,
                  on_update=None, timeline: Timeline | None = None, realtime: bool = True):
-        self.executor = _TimedExecutor(executor)
+        self.executor = TimedExecutor(executor)
         self.settings = settings
         self.engine_config = engine_config or EngineConfig()
         self.timeline = timeline if timeline is not None else Timeline(model={}, device="cpu")
