@@ -123,6 +123,21 @@ def check_webrtcvad() -> Check:
     return Check("webrtcvad", True, "voice activity detector available")
 
 
+def check_echo_cancellation() -> Check:
+    try:
+        import numpy as np
+
+        from omnidesk.audio.aec import EchoCanceller
+
+        frame = np.zeros(640, np.float32)
+        EchoCanceller(16000).process(frame, frame)  # loads the native library and runs one frame
+    except Exception as e:
+        return Check("echo cancellation", False, f"cannot use WebRTC echo cancellation ({type(e).__name__}: {e})",
+                     "pip install livekit; until then use headphones (Headphones in the window, "
+                     "omnidesk live --headphones)")
+    return Check("echo cancellation", True, "WebRTC echo canceller and noise suppression available (livekit)")
+
+
 def check_qt() -> Check:
     try:
         import PySide6
@@ -192,6 +207,7 @@ CHECKS: list[tuple[str, Callable[[], Check]]] = [
     ("PortAudio", check_portaudio),
     ("audio devices", check_audio_devices),
     ("webrtcvad", check_webrtcvad),
+    ("echo cancellation", check_echo_cancellation),
     ("Qt display", check_qt),
     ("models", check_models),
     ("demo model", check_demo),
