@@ -170,6 +170,9 @@ def check_interrupted(session, audio, t_rec, marks):
     assert b.confirmed - b.onset >= 0.28
     assert 0.3 < b.heard_audio_s < first.reply_audio_s
     assert first.played_audio_s == b.heard_audio_s
+    # playback paused at the onset frame, before the confirmation
+    paused = first.extra["playback_paused"]
+    assert b.onset < paused <= b.onset + 0.1 and paused < b.confirmed
     # rollback: the cache lost the unheard part of the reply
     assert b.thinker_cache_after < b.thinker_cache_before
     assert b.kept_text_tokens <= len(first.text_token_ids)

@@ -157,6 +157,10 @@ class LiveSession:
         if self.audio is not None:
             self.audio.close()
         if self.engine is not None and self._thread is not None:
+            try:
+                self._thread.call(self.engine.aclose()).result(timeout=10)
+            except Exception:  # noqa: BLE001 - closing must not raise; the pool shutdown below still runs
+                pass
             self.engine.close()
         if self._thread is not None:
             self._thread.stop()

@@ -112,6 +112,7 @@ class Engine:
         self.now = 0.0  # session time of the latest frame end
         self.last_utterance: np.ndarray | None = None
         self._echo_tail_until: float | None = None
+        self._paused_at: float | None = None  # playback paused at a speech onset (suspected barge-in)
 
     # ------------------------------------------------------------------ helpers
     async def _work(self, fn, *args):
@@ -129,6 +130,17 @@ class Engine:
 
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=False)
+
+    async def aclose(self) -> None:
+        """Stop a reply in progress (no rollback: the conversation is over) and wait for its task,
+        so nothing is left to touch the worker after :meth:`close`."""
+        reply, self._reply = self._reply, None
+        if reply is not None and reply.task is not None and not reply.task.done():
+            reply.task.cancel()
+            try:
+                await reply.task
+            except asyncio.CancelledError:
+                pass
 
     # ------------------------------------------------------------------ input side
     async def on_frame(self, frame: np.ndarray, t: float) -> None:
@@ -149,12 +161,13 @@ class Engine:
             if self.state == TurnState.RESPONDING and cfg.barge_in:
                 self._onset = ev.t
                 self.speaker.pause()  # duck at once; confirmed or resumed below
+                self._paused_at = self.now  # the user hears silence from here (plus the device buffer)
                 self._set_state(TurnState.SUSPECTED_BARGE_IN)
         elif isinstance(ev, OnsetCancelled):
             if self.state == TurnState.SUSPECTED_BARGE_IN:
                 self.speaker.resume()
                 self.stats.false_barge_ins += 1
-                self._onset = None
+                self._onset = self._paused_at = None
                 self._set_state(TurnState.RESPONDING)
         elif isinstance(ev, SpeechStart):
             if self.state in (TurnState.RESPONDING, TurnState.SUSPECTED_BARGE_IN):
@@ -361,13 +374,15 @@ class Engine:
         rb = await self._work(self.ex.interrupt, heard)
         if not turn.prompt_token_ids:  # cut during the prefill: the executor closed the turn
             turn.prompt_token_ids = list(self.ex.turn_prompt_ids)
+        if self._paused_at is not None:  # a voice barge-in: playback was paused at the speech onset
+            turn.extra["playback_paused"] = self._paused_at
         turn.interrupt(BargeIn(onset=onset, confirmed=confirmed, playback_stopped=stopped,
                                heard_audio_s=heard / self.ex.sample_rate_out,
                                kept_text_tokens=rb.kept_text_tokens, rolled_back_tokens=rb.rolled_back_tokens,
                                thinker_cache_before=rb.thinker_cache_before,
                                thinker_cache_after=rb.thinker_cache_after))
         self.stats.barge_ins += 1
-        self._onset = None
+        self._onset = self._paused_at = None
         self._set_state(TurnState.LISTENING)
         self.on_update("interrupted", turn)
 

@@ -44,6 +44,7 @@ class TurnView:
     barge_in: object = None  # a copy of omnidesk.engine.timeline.BargeIn
     heard_text: str | None = None  # interrupted: the part of ``text`` the user heard
     preemptive: str | None = None
+    paused_at: float | None = None  # voice barge-in: when playback was paused at the speech onset
 
     @property
     def user_speech_s(self) -> float | None:
@@ -59,8 +60,12 @@ class TurnView:
 
     @property
     def stop_s(self) -> float | None:
-        """Barge-in: from the confirmed interruption (or the stop click) to silence."""
+        """Barge-in: from the user's speech onset to the speaker pausing (a voice barge-in pauses
+        playback at the onset; the 300 ms confirmation only decides stop or resume), or from the
+        stop click to silence.  The device's own output buffer comes on top."""
         b = self.barge_in
+        if b is not None and self.paused_at is not None and b.onset is not None:
+            return self.paused_at - b.onset
         if b is None or b.playback_stopped is None:
             return None
         start = b.confirmed if b.confirmed is not None else b.onset
@@ -189,7 +194,7 @@ class EngineBridge(QObject):
                         codec_tokens=len(turn.codec_token_ids), reply_audio_s=float(turn.reply_audio_s),
                         played_audio_s=float(turn.played_audio_s), done=final and not turn.interrupted,
                         interrupted=bool(turn.interrupted), barge_in=barge_in, heard_text=heard,
-                        preemptive=turn.extra.get("preemptive"))
+                        preemptive=turn.extra.get("preemptive"), paused_at=turn.extra.get("playback_paused"))
 
     def _post_turn(self, view: TurnView) -> None:
         with self._lock:

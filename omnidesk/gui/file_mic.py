@@ -106,6 +106,11 @@ class FileMicSession:
             except Exception:
                 log.exception("file microphone loop ended with an error")
         if self.engine is not None:
+            if self._thread is not None:
+                try:
+                    self._thread.call(self.engine.aclose()).result(timeout=30)
+                except Exception:
+                    log.exception("stopping the reply at close failed")
             self.engine.close()
         if self._thread is not None:
             self._thread.stop()
