@@ -327,3 +327,25 @@ def test_stream_that_stops_is_reported_and_restart_recovers(pulse_server, execut
         wait_for(lambda: session.frames > before + 25, 15, "audio after the restart")
     finally:
         session.close()
+
+
+def test_next_reply_waits_out_the_startup_gap_of_the_last(pulse_server, executor):
+    """Adaptive playout delay: however fast this machine is, turn 2 waits exactly what turn 1's
+    first 1.5 s of playback ran dry (capped at 0.3 s) before it starts playing."""
+    rec = Recorder()
+    session = start_session(executor, rec)
+    try:
+        for name in ("question.wav", "second_question.wav"):
+            count = len(rec.kinds())
+            pulse_server.play_into_mic(wav(name), REC_RATE)
+            wait_for(lambda: "done" in rec.kinds()[count:], 30, f"the reply to {name}")
+    finally:
+        session.close()
+    first, second = session.timeline.turns[:2]
+    dry_ms = first.extra["startup_dry_ms"]
+    delay_ms = min(300, dry_ms)
+    print(f"turn 1 ran dry {dry_ms} ms in its first 1.5 s; turn 2: playout delay {delay_ms} ms, "
+          f"ran dry {second.extra.get('startup_dry_ms')} ms")
+    assert second.extra.get("playout_delay_ms", 0) == pytest.approx(delay_ms, abs=1)
+    released = max(second.endpoint, second.events["first_audio_chunk"])
+    assert second.events["playback_start"] >= released + delay_ms / 1000 - 0.05

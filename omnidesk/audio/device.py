@@ -150,6 +150,7 @@ class DeviceSpeaker:
         self.sample_rate = model_rate
         self.device_rate = device_rate
         self._ratio = device_rate / model_rate
+        self.block = max(1, int(round(block / self._ratio)))  # the callback period, in model samples
         self._inner = VirtualSpeaker(sample_rate=device_rate, block=block, capacity_s=capacity_s,
                                      fade_ms=fade_ms, record=False)
         self._lock = threading.Lock()

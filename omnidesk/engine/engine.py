@@ -46,6 +46,9 @@ from .timeline import BargeIn, Timeline, TurnTimeline
 from .vad import Endpoint, Endpointer, OnsetCancelled, Pause, Resume, SpeechOnset, SpeechStart
 
 
+STARTUP_WINDOW_S = 1.5  # playback time over which a reply's start-up gaps are measured
+
+
 class TurnState(enum.Enum):
     LISTENING = "listening"
     USER_SPEAKING = "user_speaking"
@@ -66,6 +69,12 @@ class EngineConfig:
     # buffers); until then only a barge-in-length run of speech starts a turn, so a residue of the
     # assistant's own voice is not taken for the user.
     echo_tail_s: float = 0.5
+    # Adaptive playout delay (a jitter buffer, as in VoIP): when the speaker ran dry during the
+    # first seconds of the last reply (the second vocoder chunk came late: a slow CPU), start the
+    # next reply that much later instead of leaving a gap after its first chunk.  0 on machines
+    # that keep up.
+    adaptive_playout: bool = True
+    max_playout_delay_s: float = 0.3
 
 
 @dataclass
@@ -86,6 +95,9 @@ class _Reply:
     produced_samples: int = 0
     task: asyncio.Task | None = None
     mark: object = None  # executor mark taken before the preemptive start
+    play_at: float | None = None  # session time the first chunk may start playing (playout delay)
+    underruns_at_start: int | None = None  # speaker underruns when this reply started playing
+    startup_measured: bool = False
 
 
 class Engine:
@@ -113,6 +125,7 @@ class Engine:
         self.last_utterance: np.ndarray | None = None
         self._echo_tail_until: float | None = None
         self._paused_at: float | None = None  # playback paused at a speech onset (suspected barge-in)
+        self.playout_delay = 0.0  # seconds the next reply's first chunk waits (adaptive_playout)
 
     # ------------------------------------------------------------------ helpers
     async def _work(self, fn, *args):
@@ -258,6 +271,13 @@ class Engine:
     def _drain_pending(self, reply: _Reply) -> None:
         if reply.held:
             return
+        if not reply.on_speaker and reply.pending:
+            if reply.play_at is None:
+                reply.play_at = self.now + self.playout_delay
+                if self.playout_delay > 0:
+                    reply.turn.extra["playout_delay_ms"] = round(self.playout_delay * 1000)
+            if self.now < reply.play_at:
+                return
         while reply.pending:
             chunk = reply.pending[0]
             if not reply.on_speaker:
@@ -349,10 +369,29 @@ class Engine:
 
     def _check_playback(self) -> None:
         reply = self._reply
-        if reply is not None and reply.on_speaker and self.speaker.reply_first_sample is not None:
+        if reply is None:
+            return
+        if not reply.on_speaker and reply.pending and not reply.held:
+            self._drain_pending(reply)  # a playout delay may have run out
+        if reply.on_speaker and self.speaker.reply_first_sample is not None:
             t = self.speaker.reply_first_sample / self.speaker.sample_rate
             if reply.turn.mark("playback_start", t):
                 self.on_update("reply", reply.turn)  # the first sound: listeners show "speaking"
+                reply.underruns_at_start = self.speaker.underruns
+            self._measure_startup(reply, t)
+
+    def _measure_startup(self, reply: _Reply, started: float) -> None:
+        """After the first seconds of playback, set the next reply's playout delay from how long the
+        speaker ran dry meanwhile (underrun blocks x block length)."""
+        if reply.startup_measured or not self.config.adaptive_playout or self.now < started + STARTUP_WINDOW_S:
+            return
+        reply.startup_measured = True
+        dry_s = (self.speaker.underruns - reply.underruns_at_start) * self.speaker.block / self.speaker.sample_rate
+        reply.turn.extra["startup_dry_ms"] = round(dry_s * 1000)
+        # grow at once to cover the gap seen; shrink slowly when replies keep up
+        self.playout_delay = min(self.config.max_playout_delay_s, max(dry_s, 0.5 * self.playout_delay))
+        if self.playout_delay < 0.01:
+            self.playout_delay = 0.0
 
     # ------------------------------------------------------------------ barge-in
     async def interrupt(self, onset: float | None = None, confirmed: float | None = None) -> None:
