@@ -9,6 +9,7 @@ through differences, with tolerances for the device latencies (about 0.1-0.3 s e
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from pathlib import Path
@@ -349,3 +350,19 @@ def test_next_reply_waits_out_the_startup_gap_of_the_last(pulse_server, executor
     assert second.extra.get("playout_delay_ms", 0) == pytest.approx(delay_ms, abs=1)
     released = max(second.endpoint, second.events["first_audio_chunk"])
     assert second.events["playback_start"] >= released + delay_ms / 1000 - 0.05
+
+
+def test_headphones_mode_runs_without_the_echo_canceller_library(pulse_server, executor, monkeypatch):
+    from omnidesk.audio.aec import EchoCancellerUnavailable
+    from omnidesk.audio.session import LiveSession, LiveSettings
+
+    monkeypatch.setitem(sys.modules, "livekit", None)  # as if livekit were not installed
+    with pytest.raises(EchoCancellerUnavailable, match="pip install livekit"):
+        LiveSession(executor, LiveSettings()).start()
+    session = LiveSession(executor, LiveSettings(headphones=True))
+    session.start()
+    try:
+        assert session.aec is None
+        wait_for(lambda: session.frames >= 25, 15, "the microphone stream to run")
+    finally:
+        session.close()

@@ -281,9 +281,13 @@ class DeviceSpeaker:
 
     def _heard_device_samples(self) -> int:
         inner = self._inner
-        if not self.timing_known or self.clock is None:
+        clock = self.clock
+        if not self.timing_known or clock is None:
             return inner.playhead
-        now = self.clock()
+        try:
+            now = clock()
+        except Exception:  # noqa: BLE001 - the stream was closed meanwhile: count what was handed over
+            return inner.playhead
         n = min(self._slots, _TIMING_SLOTS)
         for k in range(1, n + 1):  # newest first; stops at the first block already at the DAC
             i = (self._slots - k) % _TIMING_SLOTS

@@ -116,15 +116,21 @@ class LiveSession:
     def start(self, new_conversation: bool = True) -> None:
         """Open the devices and start listening.  Raises AudioDeviceError (plain words) or
         EchoCancellerUnavailable; nothing is left running then."""
-        from omnidesk.audio.aec import EchoCanceller
+        from omnidesk.audio.aec import EchoCanceller, EchoCancellerUnavailable
         from omnidesk.audio.vad import WebRtcVAD
 
         s = self.settings
         rate_in = self.ex.sample_rate_in
         audio = AudioIO(s.input_device, s.output_device, model_out_rate=self.ex.sample_rate_out,
-                            block_ms=s.block_ms, latency_s=s.latency_s, speaker_capacity_s=self.engine_config.max_audio_ahead_s + 3.0)
-        self.aec = EchoCanceller(rate_in, noise_suppression=s.noise_suppression)
-        self.aec.bypass = s.headphones
+                        block_ms=s.block_ms, latency_s=s.latency_s,
+                        speaker_capacity_s=self.engine_config.max_audio_ahead_s + 3.0)
+        try:
+            self.aec = EchoCanceller(rate_in, noise_suppression=s.noise_suppression)
+            self.aec.bypass = s.headphones
+        except EchoCancellerUnavailable:
+            if not s.headphones:
+                raise
+            self.aec = None  # headphones need no cancellation: run without the library
         audio.open()
         self.audio = audio
         # the echo of a reply's last words arrives through both device buffers
@@ -167,12 +173,11 @@ class LiveSession:
             self._thread = None
 
     def restart(self, settings: LiveSettings | None = None) -> None:
-        """The retry path: close, then start again (e.g. after a device came back or was changed)."""
-        keep_timeline = self.timeline
+        """The retry path: close, then start again (e.g. after a device came back or was changed);
+        the conversation and its timeline go on."""
         self.close()
         if settings is not None:
             self.settings = settings
-        self.timeline = keep_timeline
         self.engine = None
         self.start(new_conversation=False)
 
@@ -202,6 +207,11 @@ class LiveSession:
         self.settings.headphones = bool(on)
         if self.aec is not None:
             self.aec.bypass = bool(on)
+        elif not on:
+            import logging
+
+            logging.getLogger(__name__).warning("no echo canceller (livekit missing): speakers mode runs "
+                                                "without cancellation until the session restarts")
 
     def set_voice(self, voice: str | None) -> None:
         """The voice for the next reply (a name from the checkpoint's spk_dict.pt)."""
@@ -327,7 +337,7 @@ class LiveSession:
 
     def _prepare(self, frame: np.ndarray, reference: np.ndarray, audio: AudioIO) -> np.ndarray:
         aec = self.aec
-        if not aec.bypass:
+        if aec is not None and not aec.bypass:
             aec.delay_ms = min(500.0, max(0.0, audio.delay_s * 1000.0))
             raw = frame
             frame = aec.process(frame, reference)
