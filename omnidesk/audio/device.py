@@ -186,14 +186,6 @@ class DeviceSpeaker:
         return self._inner.underruns
 
     @property
-    def paused(self) -> bool:
-        return self._inner.paused
-
-    @property
-    def reply_active(self) -> bool:
-        return self._inner.reply_active
-
-    @property
     def playhead(self) -> int:
         """Reply samples (model rate) that reached the DAC by now."""
         with self._lock:
@@ -445,10 +437,6 @@ class AudioIO:
         lat_in = float(self._in.latency) if self._in is not None else 0.0
         lat_out = float(self._out.latency) if self._out is not None else 0.0
         return (lat_in, lat_out)
-
-    @property
-    def active(self) -> bool:
-        return self._in is not None and self._in.active and self._out is not None and self._out.active
 
     def _finished(self) -> None:
         if not self._closing and self.error is None:
