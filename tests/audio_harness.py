@@ -85,6 +85,7 @@ class PulseHarness:
         self.log_path = self.root / "pulseaudio.log"
         self.proc: subprocess.Popen | None = None
         self._saved_env: dict[str, str | None] = {}
+        self.last_recording_start: float | None = None  # set by record_speaker
 
     # ------------------------------------------------------------ lifecycle
 
@@ -212,6 +213,7 @@ class PulseHarness:
                     during()
                 time.sleep(max(0.0, seconds - (time.monotonic() - t0)))
             finally:
+                t_stop = time.monotonic()
                 proc.terminate()
                 try:
                     proc.wait(timeout=5)
@@ -220,7 +222,11 @@ class PulseHarness:
                     proc.wait(timeout=5)
         data = out_path.read_bytes()
         out_path.unlink(missing_ok=True)
-        return np.frombuffer(data[: len(data) // 4 * 4], dtype="<f4").copy()
+        audio = np.frombuffer(data[: len(data) // 4 * 4], dtype="<f4").copy()
+        # Monotonic time of the recording's first sample, counted back from its end: parec takes a
+        # variable time (up to ~1 s under load) to connect, so the start of the call is no anchor.
+        self.last_recording_start = t_stop - audio.size / rate
+        return audio
 
     @staticmethod
     def find_device(name: str = "pulse", kind: str | None = None) -> int:
