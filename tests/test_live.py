@@ -254,17 +254,27 @@ def echo_path(pulse_server):
 
 
 def test_echo_cancellation_keeps_the_assistant_from_interrupting_itself(pulse_server, executor, echo_path):
+    # "Interrupting itself" = its own echo pausing playback (a suspected barge-in: the reply
+    # stutters) or cutting the reply off (confirmed).  Which of the two the echo reaches depends on
+    # the speaker->mic loop latency: playback pauses at the first speech frame, so the echo itself
+    # stops one loop later, and it confirms only if it lasts barge_in_start_ms.  On this machine it
+    # does a few times per reply; a CI machine with a shorter loop only stuttered.  Both count.
     on, rec_on, *_ = run_turn(pulse_server, executor)
     erle = on.echo_reduction_db()
-    print(f"echo reduction with cancellation on: {erle:.1f} dB")
-    assert on.stats.barge_ins == 0, "interrupted itself with echo cancellation on"
-    assert not on.timeline.turns[0].interrupted
-    assert erle is not None and erle > 15
-    # the same with cancellation off ("headphones"): the echo cuts the reply off
+    # the same with cancellation off ("headphones")
     # (it then goes on talking to its own echo, so do not wait for it to settle)
     off, rec_off, *_ = run_turn(pulse_server, executor, headphones=True, settle=False)
-    assert off.timeline.turns[0].interrupted, "echo did not interrupt without cancellation: the test proves nothing"
-    assert off.stats.barge_ins >= 1
+    on_pauses = on.stats.barge_ins + on.stats.false_barge_ins
+    off_pauses = off.stats.barge_ins + off.stats.false_barge_ins
+    print(f"echo reduction with cancellation on: {erle:.1f} dB; playback paused by the echo: "
+          f"{on_pauses} times with cancellation ({on.stats.barge_ins} cut off), "
+          f"{off_pauses} times without ({off.stats.barge_ins} cut off)")
+    assert erle is not None and erle > 15
+    assert on.stats.barge_ins == 0, "interrupted itself with echo cancellation on"
+    assert not on.timeline.turns[0].interrupted
+    # a stray frame of residual echo may pause it once; without cancellation it stutters throughout
+    assert on_pauses <= 1, f"its echo paused the reply {on_pauses} times with echo cancellation on"
+    assert off_pauses >= 3, "the echo did not disturb the reply without cancellation: the test proves nothing"
 
 
 def test_barge_in_works_through_echo_cancellation(pulse_server, executor, echo_path):
