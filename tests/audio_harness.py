@@ -85,7 +85,8 @@ class PulseHarness:
         self.log_path = self.root / "pulseaudio.log"
         self.proc: subprocess.Popen | None = None
         self._saved_env: dict[str, str | None] = {}
-        self.last_recording_start: float | None = None  # set by record_speaker
+        self.last_recording_start: float | None = None  # set by record_speaker / record
+        self.last_mic_recording_start: float | None = None  # set by record
 
     # ------------------------------------------------------------ lifecycle
 
@@ -199,34 +200,51 @@ class PulseHarness:
 
         ``during`` (optional) runs once the recorder is up, e.g. the code that plays to the speaker;
         the capture lasts ``seconds`` from the recorder's start or until ``during`` returns,
-        whichever is later."""
-        out_path = self.root / f"rec-{time.monotonic_ns()}.raw"
-        with open(out_path, "wb") as out:
-            proc = subprocess.Popen(
-                ["parec", f"--server={self.server}", f"--device={SPEAKER}.monitor", "--raw",
-                 "--format=float32le", f"--rate={rate}", "--channels=1", "--latency-msec=20"],
-                stdout=out, stderr=subprocess.PIPE, env=self._env(), start_new_session=True)
-            try:
-                t0 = time.monotonic()
-                time.sleep(0.3)  # let the stream connect before anything plays
-                if during is not None:
-                    during()
-                time.sleep(max(0.0, seconds - (time.monotonic() - t0)))
-            finally:
-                t_stop = time.monotonic()
+        whichever is later.  :attr:`last_recording_start` is the monotonic time of its first sample."""
+        speaker, _ = self.record(seconds, rate, during, mic=False)
+        return speaker
+
+    def record(self, seconds: float, rate: int = 16000, during: Callable[[], object] | None = None,
+               mic: bool = True) -> tuple[np.ndarray, np.ndarray | None]:
+        """Like :meth:`record_speaker`, and (``mic=True``) the microphone too: what the app could
+        capture from ``omnidesk_mic.monitor``, recorded alongside.  Returns (speaker, mic);
+        :attr:`last_recording_start` / :attr:`last_mic_recording_start` anchor them."""
+        sources = [f"{SPEAKER}.monitor"] + ([f"{MIC}.monitor"] if mic else [])
+        paths = [self.root / f"rec-{i}-{time.monotonic_ns()}.raw" for i in range(len(sources))]
+        procs = []
+        try:
+            for source, path in zip(sources, paths):
+                with open(path, "wb") as out:
+                    procs.append(subprocess.Popen(
+                        ["parec", f"--server={self.server}", f"--device={source}", "--raw",
+                         "--format=float32le", f"--rate={rate}", "--channels=1", "--latency-msec=20"],
+                        stdout=out, stderr=subprocess.PIPE, env=self._env(), start_new_session=True))
+            t0 = time.monotonic()
+            time.sleep(0.3)  # let the streams connect before anything plays
+            if during is not None:
+                during()
+            time.sleep(max(0.0, seconds - (time.monotonic() - t0)))
+        finally:
+            t_stop = time.monotonic()
+            for proc in procs:
                 proc.terminate()
+            for proc in procs:
                 try:
                     proc.wait(timeout=5)
                 except subprocess.TimeoutExpired:
                     proc.kill()
                     proc.wait(timeout=5)
-        data = out_path.read_bytes()
-        out_path.unlink(missing_ok=True)
-        audio = np.frombuffer(data[: len(data) // 4 * 4], dtype="<f4").copy()
-        # Monotonic time of the recording's first sample, counted back from its end: parec takes a
-        # variable time (up to ~1 s under load) to connect, so the start of the call is no anchor.
-        self.last_recording_start = t_stop - audio.size / rate
-        return audio
+        recordings = []
+        for path in paths:
+            data = path.read_bytes()
+            path.unlink(missing_ok=True)
+            recordings.append(np.frombuffer(data[: len(data) // 4 * 4], dtype="<f4").copy())
+        # Monotonic time of each recording's first sample, counted back from its end: parec takes
+        # a variable time (up to ~1 s under load) to connect, so the start of the call is no anchor.
+        starts = [t_stop - r.size / rate for r in recordings]
+        self.last_recording_start = starts[0]
+        self.last_mic_recording_start = starts[1] if mic else None
+        return recordings[0], (recordings[1] if mic else None)
 
     @staticmethod
     def find_device(name: str = "pulse", kind: str | None = None) -> int:
