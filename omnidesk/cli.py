@@ -187,7 +187,8 @@ def cmd_talk(args) -> int:
         from omnidesk.audio.vad import WebRtcVAD
 
         detector = WebRtcVAD(sample_rate=rate)
-    engine, speaker = asyncio.run(run_script(executor, Script(inputs, barge, args.no_vad), config, timeline,
+    after = None if args.interrupt_after is None else args.interrupt_after / 1000.0
+    engine, speaker = asyncio.run(run_script(executor, Script(inputs, barge, args.no_vad, after), config, timeline,
                                              realtime=not args.fast, detector=detector))
     sf.write(args.output, speaker.recording(), speaker.sample_rate)
     timeline.extra["preemptive_used"] = engine.stats.preemptive_used
@@ -364,6 +365,8 @@ def main(argv: list[str] | None = None) -> int:
     talk.add_argument("--device", default="cpu")
     talk.add_argument("--input", action="append", required=True, help="16 kHz WAV, one user utterance (repeatable)")
     talk.add_argument("--barge-in", help="SECONDS:FILE.wav played into the mic that long after the first reply starts")
+    talk.add_argument("--interrupt-after", type=float, metavar="MS",
+                      help="stop the first reply MS after it starts playing, as the stop button does")
     talk.add_argument("--no-vad", action="store_true", help="each input file is exactly one turn")
     talk.add_argument("--vad", choices=("webrtc", "energy"), default="webrtc",
                       help="speech detector: webrtcvad (as the app) or a plain energy threshold")

@@ -87,6 +87,21 @@ def test_barge_in_cuts_the_reply_and_rolls_back(stack, speech_like):
     assert np.abs(rec[int(first.events["playback_start"] * 24000):int(b.onset * 24000)]).max() > 0.05
 
 
+def test_interrupt_after_cuts_the_reply_that_long_into_playback(stack, speech_like):
+    # "interrupt after X ms" (the window's button, `talk --interrupt-after`): the stop-button path
+    # at a reproducible point of the reply
+    q = _wave(speech_like, 1.2, 1)
+    engine, speaker, timeline, ex = _run(stack, Script([q], interrupt_after_s=0.6))
+    turn = timeline.turns[0]
+    assert turn.interrupted and engine.stats.barge_ins == 1 and engine.interrupt_after_s is None
+    b = turn.barge_in
+    started = turn.events["playback_start"]
+    assert started + 0.6 <= b.onset == b.confirmed <= started + 0.6 + 0.04  # within the frame it fell due
+    assert turn.played_audio_s == pytest.approx(b.heard_audio_s)
+    assert 0.5 < b.heard_audio_s <= 0.64
+    assert b.thinker_cache_after == b.thinker_cache_before - b.rolled_back_tokens
+
+
 def test_preemptive_start_discarded_when_the_user_goes_on(stack, speech_like):
     a, b = _wave(speech_like, 0.9, 3), _wave(speech_like, 0.8, 4)
     gap = np.zeros(int(0.24 * 16000), np.float32)  # a pause long enough to preempt, short of the endpoint

@@ -142,7 +142,9 @@ class LiveSession:
         async def make_engine():
             if new_conversation:
                 self.ex.reset_conversation()
-            return Engine(self.ex, endpointer, audio.speaker, self.engine_config, self.timeline, self._forward)
+            engine = Engine(self.ex, endpointer, audio.speaker, self.engine_config, self.timeline, self._forward)
+            engine.interrupt_after_s, self._interrupt_after = self._interrupt_after, None
+            return engine
 
         try:
             self.engine = self._thread.call(make_engine()).result(timeout=10)
@@ -232,6 +234,8 @@ class LiveSession:
     def interrupt_after(self, ms: float) -> None:
         """Interrupt the current (or next) reply ``ms`` after its playback started."""
         self._interrupt_after = max(0.0, float(ms)) / 1000.0
+        if self.engine is not None:  # else the engine gets it when it starts
+            self.engine.interrupt_after_s, self._interrupt_after = self._interrupt_after, None
 
     @property
     def stats(self):
@@ -319,7 +323,6 @@ class LiveSession:
                     await engine.on_frame(frame, samples / rate_in)
                     samples += frame_n
                     self.frames += 1
-                    self._check_interrupt_after(engine)
                     self.on_update("status", self._status())
                 mic_buf, ref_buf = mic_buf[done:], ref_buf[done:]
         except Exception as e:  # noqa: BLE001 - shown to the user; the session stops cleanly
@@ -360,15 +363,6 @@ class LiveSession:
                     self._inject[0] = head[k:]
         self._level = level_dbfs(frame)
         return frame
-
-    def _check_interrupt_after(self, engine: Engine) -> None:
-        if self._interrupt_after is None or engine.state not in (TurnState.RESPONDING, TurnState.SUSPECTED_BARGE_IN):
-            return
-        turn = self.timeline.turns[-1] if self.timeline.turns else None
-        started = turn.events.get("playback_start") if turn is not None else None
-        if started is not None and engine.now >= started + self._interrupt_after:
-            self._interrupt_after = None
-            asyncio.get_running_loop().create_task(engine.interrupt(onset=engine.now, confirmed=engine.now))
 
 
 __all__ = ["LiveSession", "LiveSettings", "LiveStatus", "AudioDeviceError"]

@@ -126,6 +126,9 @@ class Engine:
         self._echo_tail_until: float | None = None
         self._paused_at: float | None = None  # playback paused at a speech onset (suspected barge-in)
         self.playout_delay = 0.0  # seconds the next reply's first chunk waits (adaptive_playout)
+        # "Interrupt after X ms" (reproducible manual tests): the current or next reply is cut this
+        # long after its playback started, by the stop-button path.  One-shot; set from any thread.
+        self.interrupt_after_s: float | None = None
 
     # ------------------------------------------------------------------ helpers
     async def _work(self, fn, *args):
@@ -167,6 +170,7 @@ class Engine:
         if self.state == TurnState.USER_SPEAKING:
             await self._feed_audio()
         self._check_playback()
+        await self._check_interrupt_after()
 
     async def _on_event(self, ev) -> None:
         cfg = self.config
@@ -379,6 +383,15 @@ class Engine:
                 self.on_update("reply", reply.turn)  # the first sound: listeners show "speaking"
                 reply.underruns_at_start = self.speaker.underruns
             self._measure_startup(reply, t)
+
+    async def _check_interrupt_after(self) -> None:
+        after, reply = self.interrupt_after_s, self._reply
+        if after is None or reply is None or self.state not in (TurnState.RESPONDING, TurnState.SUSPECTED_BARGE_IN):
+            return
+        started = reply.turn.events.get("playback_start")
+        if started is not None and self.now >= started + after:
+            self.interrupt_after_s = None
+            await self.interrupt(onset=self.now, confirmed=self.now)
 
     def _measure_startup(self, reply: _Reply, started: float) -> None:
         """After the first seconds of playback, set the next reply's playout delay from how long the

@@ -86,6 +86,7 @@ class Script:
     inputs: list[np.ndarray]  # 16 kHz mono float32 utterances
     barge_in: tuple[float, np.ndarray] | None = None
     no_vad: bool = False
+    interrupt_after_s: float | None = None  # the stop button, this long into the first reply
 
 
 async def run_script(executor: Executor, script: Script, config: EngineConfig, timeline: Timeline,
@@ -100,6 +101,7 @@ async def run_script(executor: Executor, script: Script, config: EngineConfig, t
     endpointer = ScriptedEndpointer(rate_in) if script.no_vad else \
         Endpointer(detector or EnergyVAD(), endpointer_config or EndpointerConfig(), rate_in)
     engine = Engine(executor, endpointer, speaker, config, timeline, on_update)
+    engine.interrupt_after_s = script.interrupt_after_s
     t = 0.0
     start = time.monotonic()
     overlay = None  # (start_sample_on_mic_clock, audio)

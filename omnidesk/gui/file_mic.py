@@ -18,18 +18,18 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import dataclasses
 import logging
 import time
-from dataclasses import dataclass
 
 import numpy as np
 
+from omnidesk.audio.session import LiveSettings, LiveStatus
+from omnidesk.audio.vad import WebRtcVAD
 from omnidesk.engine.engine import Engine, EngineConfig, EngineStats, EngineThread, TurnState
 from omnidesk.engine.rates import TimedExecutor
 from omnidesk.engine.speaker import VirtualSpeaker
 from omnidesk.engine.timeline import Timeline
-from omnidesk.engine.vad import Endpointer, EndpointerConfig, EnergyVAD, level_dbfs
+from omnidesk.engine.vad import Endpointer, level_dbfs
 
 log = logging.getLogger("omnidesk.gui")
 
@@ -38,28 +38,13 @@ STATUS_EVERY_S = 0.04  # wall time between status updates (the live session's ra
 REPLYING = (TurnState.RESPONDING, TurnState.SUSPECTED_BARGE_IN)
 
 
-@dataclass(frozen=True)
-class SessionStatus:
-    """The fields of ``omnidesk.audio.session.LiveStatus`` (the window reads them by name)."""
-
-    level_dbfs: float
-    playback_buffer_ms: float
-    underruns: int
-    overflows: int
-    confirmed_barge_ins: int
-    false_barge_ins: int
-    thinker_tok_s: float | None
-    talker_tok_s: float | None
-    vocoder_rtf: float | None
-
-
 class FileMicSession:
     """Same interface as the live session; :meth:`say` plays audio into the (virtual) microphone."""
 
-    def __init__(self, executor, settings=None, engine_config: EngineConfig | None = None,
+    def __init__(self, executor, settings: LiveSettings | None = None, engine_config: EngineConfig | None = None,
                  on_update=None, timeline: Timeline | None = None, realtime: bool = True):
         self.executor = TimedExecutor(executor)
-        self.settings = settings
+        self.settings = settings or LiveSettings()  # the endpointing settings apply; the devices do not
         self.engine_config = engine_config or EngineConfig()
         self.timeline = timeline if timeline is not None else Timeline(model={}, device="cpu")
         self._on_update = on_update or (lambda kind, payload: None)
@@ -75,12 +60,12 @@ class FileMicSession:
         self._last_said: np.ndarray | None = None
         self.muted = False
         self._stop_clicks: collections.deque[float] = collections.deque()  # monotonic times of stop clicks
-        self._interrupt_after_s: float | None = None
+        self._interrupt_after_s: float | None = None  # armed before the engine exists
         self._start_mono = 0.0
         self.now = 0.0  # session time of the frame being processed
         self.push_to_talk = False
         self.talk_pressed = False
-        self.headphones = bool(getattr(settings, "headphones", False))
+        self.headphones = self.settings.headphones
 
     # ------------------------------------------------------------------ any thread
     @property
@@ -135,6 +120,8 @@ class FileMicSession:
     def interrupt_after(self, ms: float) -> None:
         """Interrupt the current (or next) reply ``ms`` after its playback started."""
         self._interrupt_after_s = max(0.0, float(ms)) / 1000.0
+        if self.engine is not None:
+            self.engine.interrupt_after_s, self._interrupt_after_s = self._interrupt_after_s, None
 
     def set_muted(self, muted: bool) -> None:
         self.muted = bool(muted)
@@ -154,18 +141,11 @@ class FileMicSession:
         await asyncio.get_running_loop().run_in_executor(None, ex.reset_conversation)  # a new conversation
         self.speaker = VirtualSpeaker(sample_rate=ex.sample_rate_out, block=int(round(FRAME_S * ex.sample_rate_out)),
                                       capacity_s=self.engine_config.max_audio_ahead_s + 2.0, record=False)
-        self.engine = Engine(ex, Endpointer(EnergyVAD(), self._endpointer_config(), ex.sample_rate_in), self.speaker,
-                             self.engine_config, self.timeline, self._on_update)
-
-    def _endpointer_config(self) -> EndpointerConfig:
-        cfg = EndpointerConfig()
-        wanted = {"endpoint_silence_ms": getattr(self.settings, "endpoint_silence_ms", None),
-                  "barge_in_start_ms": getattr(self.settings, "barge_in_confirm_ms", None)}
-        known = {f.name for f in dataclasses.fields(cfg)}
-        changes = {k: float(v) for k, v in wanted.items() if v is not None and k in known}
-        if "endpoint_silence_ms" in changes:
-            changes["preempt_silence_ms"] = min(cfg.preempt_silence_ms, changes["endpoint_silence_ms"])
-        return dataclasses.replace(cfg, **changes)
+        # the same speech detection and endpointing as on a microphone
+        detector = WebRtcVAD(self.settings.vad_aggressiveness, ex.sample_rate_in)
+        endpointer = Endpointer(detector, self.settings.endpointer_config(), ex.sample_rate_in)
+        self.engine = Engine(ex, endpointer, self.speaker, self.engine_config, self.timeline, self._on_update)
+        self.engine.interrupt_after_s, self._interrupt_after_s = self._interrupt_after_s, None
 
     def _has_input(self) -> bool:
         return self._saying is not None or bool(self._queue)
@@ -185,21 +165,13 @@ class FileMicSession:
         return frame
 
     async def _stop_if_asked(self, t: float) -> None:
-        engine = self.engine
         clicked = None
         while self._stop_clicks:
             clicked = self._stop_clicks.popleft()
-        due = None
-        if clicked is not None:
+        if clicked is not None and self.engine.state in REPLYING:
             # the click on the session clock (realtime), never later than the frame being processed
             due = min(clicked - self._start_mono, t) if self.realtime else t
-        elif self._interrupt_after_s is not None and engine.state in REPLYING and self.timeline.turns:
-            started = self.timeline.turns[-1].events.get("playback_start")
-            if started is not None and t >= started + self._interrupt_after_s:
-                due = t
-                self._interrupt_after_s = None
-        if due is not None and engine.state in REPLYING:
-            await engine.interrupt(onset=due, confirmed=due)
+            await self.engine.interrupt(onset=due, confirmed=due)
 
     async def _run(self) -> None:
         engine, rate = self.engine, self.executor.sample_rate_in
@@ -231,14 +203,15 @@ class FileMicSession:
             else:
                 await engine.settle()
 
-    def _status(self, frame: np.ndarray) -> SessionStatus:
+    def _status(self, frame: np.ndarray) -> LiveStatus:
         thinker, talker, rtf = self.executor.rates()
         stats = self.engine.stats
-        return SessionStatus(level_dbfs=level_dbfs(frame),
-                             playback_buffer_ms=1000.0 * self.speaker.buffered_samples / self.speaker.sample_rate,
-                             underruns=self.speaker.underruns, overflows=0,
-                             confirmed_barge_ins=stats.barge_ins, false_barge_ins=stats.false_barge_ins,
-                             thinker_tok_s=thinker, talker_tok_s=talker, vocoder_rtf=rtf)
+        return LiveStatus(level_dbfs=level_dbfs(frame),
+                          playback_buffer_ms=1000.0 * self.speaker.buffered_samples / self.speaker.sample_rate,
+                          underruns=self.speaker.underruns, overflows=0,
+                          confirmed_barge_ins=stats.barge_ins, false_barge_ins=stats.false_barge_ins,
+                          thinker_tok_s=thinker, talker_tok_s=talker, vocoder_rtf=rtf, muted=self.muted,
+                          talk_pressed=self.talk_pressed)
 
 
 def read_sound_file(path, rate: int = 16000) -> np.ndarray:

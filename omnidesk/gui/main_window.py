@@ -20,7 +20,6 @@ import importlib.util
 import logging
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 from PySide6.QtCore import QEvent, QObject, Qt, QTimer, QUrl, Signal
 from PySide6.QtGui import QAction, QDesktopServices, QKeySequence
@@ -28,6 +27,7 @@ from PySide6.QtWidgets import (QAbstractSpinBox, QComboBox, QFileDialog, QFormLa
                                QLabel, QLineEdit, QMainWindow, QProgressBar, QPushButton, QScrollArea,
                                QSpinBox, QSplitter, QTextEdit, QVBoxLayout, QWidget)
 
+from omnidesk.audio.session import LiveSession, LiveSettings
 from omnidesk.engine.engine import EngineConfig, TurnState
 
 from . import devices as device_list
@@ -59,28 +59,22 @@ PLACEHOLDERS = {  # the empty conversation says what to do now
 
 
 def live_audio_available() -> bool:
-    return importlib.util.find_spec("omnidesk.audio.session") is not None
+    """sounddevice is there (PortAudio itself is checked when a stream opens)."""
+    return importlib.util.find_spec("sounddevice") is not None
 
 
 def default_session_factory(kind: str, executor, settings, engine_config, on_update, timeline):
     """kind "files": the sound-file microphone; "live": the real devices."""
     if kind == "files":
         return FileMicSession(executor, settings, engine_config, on_update, timeline)
-    from omnidesk.audio.session import LiveSession
-
     return LiveSession(executor, settings, engine_config=engine_config, on_update=on_update, timeline=timeline)
 
 
-def live_settings(settings: Settings):
+def live_settings(settings: Settings) -> LiveSettings:
     """The audio layer's LiveSettings from what the window remembers."""
-    fields = dict(input_device=settings.input_device if settings.input_device != SOUND_FILES else None,
-                  output_device=settings.output_device, headphones=settings.headphones,
-                  push_to_talk=settings.push_to_talk)
-    try:
-        from omnidesk.audio.session import LiveSettings
-    except ImportError:
-        return SimpleNamespace(vad_aggressiveness=2, barge_in_confirm_ms=300.0, endpoint_silence_ms=400.0, **fields)
-    return LiveSettings(**fields)
+    return LiveSettings(input_device=settings.input_device if settings.input_device != SOUND_FILES else None,
+                        output_device=settings.output_device, headphones=settings.headphones,
+                        push_to_talk=settings.push_to_talk)
 
 
 class _SpaceToTalk(QObject):
