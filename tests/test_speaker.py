@@ -20,6 +20,7 @@ def test_playhead_counts_only_played_samples():
     sp = VirtualSpeaker(SR, BLOCK)
     sp.start_reply()
     assert sp.write(ramp(2500))
+    sp.end_reply()  # the whole reply: its end plays as it is (no underrun fade)
     assert sp.playhead == 0 and sp.buffered_samples == 2500
     sp.tick()
     assert sp.playhead == BLOCK
@@ -89,23 +90,52 @@ def test_flush_fade_has_no_click():
 
 def test_pause_resume_continuity():
     sp = VirtualSpeaker(SR, BLOCK)
+    fade = int(round(sp.fade_ms * SR / 1000))  # 120 samples
     x = ramp(5 * BLOCK)
     sp.start_reply()
     sp.write(x)
+    sp.end_reply()
     sp.tick()
     sp.pause()
-    for _ in range(3):
-        out = sp.tick()
-        assert not out.any()
-    assert sp.playhead == BLOCK and sp.buffered_samples == 4 * BLOCK
+    out = sp.tick()
+    # the pause fades out over `fade` more samples (they play and count), then silence
+    np.testing.assert_allclose(out[:fade], x[BLOCK:BLOCK + fade] * (1 - np.arange(1, fade + 1) / fade), atol=1e-6)
+    assert not out[fade:].any()
+    for _ in range(2):
+        assert not sp.tick().any()
+    assert sp.playhead == BLOCK + fade and sp.buffered_samples == 4 * BLOCK - fade
     assert sp.underruns == 0  # paused is not an underrun
     sp.resume()
     for _ in range(4):
         sp.tick()
     rec = sp.recording()
-    played = np.concatenate([rec[:BLOCK], rec[4 * BLOCK :]])
-    np.testing.assert_array_equal(played, x)
+    back = rec[4 * BLOCK:]  # from exactly the sample after the last one played, faded in
+    np.testing.assert_allclose(back[:fade], x[BLOCK + fade:BLOCK + 2 * fade] * np.arange(1, fade + 1) / fade,
+                               atol=1e-6)
+    np.testing.assert_array_equal(back[fade:4 * BLOCK - fade], x[BLOCK + 2 * fade:])
+    np.testing.assert_array_equal(rec[:BLOCK], x[:BLOCK])
     assert sp.playhead == 5 * BLOCK
+
+
+def test_underrun_fades_out_and_back_in():
+    # a reply that runs dry mid-way (the vocoder fell behind) must not click either side of the gap
+    sp = VirtualSpeaker(SR, BLOCK)
+    fade = int(round(sp.fade_ms * SR / 1000))
+    level = np.full(BLOCK + 500, 0.5, np.float32)
+    sp.start_reply()
+    sp.write(level)
+    sp.tick()
+    gap = sp.tick()  # 500 samples left, then dry
+    assert sp.underruns == 1
+    assert gap[0] == 0.5 and gap[500 - fade - 1] == 0.5
+    assert gap[499] == pytest.approx(0.5 / fade) and not gap[500:].any()
+    sp.write(level)
+    back = sp.tick()
+    np.testing.assert_allclose(back[:fade], 0.5 * np.arange(1, fade + 1) / fade, rtol=1e-6)
+    assert (back[fade:] == 0.5).all()
+    # largest step between neighbouring samples: one ramp step, never the full level
+    assert np.abs(np.diff(sp.recording())).max() <= 0.5 / fade + 1e-6
+    assert sp.playhead == 2 * BLOCK + 500  # every sample that played, faded or not
 
 
 def test_recording_length_is_ticks_times_n():
