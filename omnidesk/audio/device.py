@@ -5,10 +5,15 @@ on its own threads every block (``block_ms``).  They only copy: the speaker's
 buffered reply into the output (through :meth:`VirtualSpeaker.tick_into`) and
 into a short "played" ring; captured samples into the capture ring, each block
 paired with the latest played samples (the echo canceller's reference); plus a
-few counters.  They allocate no buffers, log nothing and never wait: the
-speaker's lock is only *tried*; if the engine holds it at that instant (a
-memcpy), the block plays silence and ``lock_misses`` counts it.  Why two
-streams rather than one duplex stream: see :class:`AudioIO`.
+few counters.  They allocate no buffers and log nothing.  The one wait: the
+speaker's lock, for at most ``LOCK_WAIT_S`` (1 ms of a 20 ms block).  The
+engine holds it only for short copies, but a Python thread can be descheduled
+inside them (the GIL's 5 ms switch interval); a plain try-lock then missed
+0-3 blocks per 10 s reply on a 2-core machine, each a 20 ms dropout with hard
+edges (a click, and an echo the canceller lets through).  A timed acquire
+releases the GIL, so the holder finishes and the callback goes on.  Still
+busy after that: the block plays silence and ``lock_misses`` counts it.  Why
+two streams rather than one duplex stream: see :class:`AudioIO`.
 
 Rates.  Both streams run at one rate both devices accept (their native rate
 first).  :class:`DeviceSpeaker` takes 24 kHz model audio and resamples it to
@@ -41,6 +46,7 @@ DEFAULT_BLOCK_MS = 20.0  # callback period: half a model frame; fewer Python wak
 DEFAULT_LATENCY_S = 0.05
 CAPTURE_RING_S = 2.0  # the engine loop may stall this long before capture overflows
 _TIMING_SLOTS = 256  # per-block DAC times kept for the playhead (>= output latency / block)
+LOCK_WAIT_S = 0.001  # longest the output callback waits for the speaker's lock (see the module doc)
 
 
 class AudioDeviceError(RuntimeError):
@@ -293,8 +299,8 @@ class DeviceSpeaker:
     # ------------------------------------------------------------ callback side
 
     def _render(self, out: np.ndarray, dac_time: float, session_t: float) -> bool:
-        """Fill ``out`` (device block) from the buffer; False if the lock was busy (out = silence)."""
-        if not self._lock.acquire(blocking=False):
+        """Fill ``out`` (device block) from the buffer; False if the lock stayed busy (out = silence)."""
+        if not self._lock.acquire(timeout=LOCK_WAIT_S):
             out[:] = 0.0
             return False
         try:
