@@ -11,7 +11,8 @@
   push-to-talk, and hands each frame to the engine.
 
 Everything the outside calls (``interrupt``, ``set_muted``, ...) is safe from
-any thread and returns at once.  ``on_update(kind, payload)`` is called on the
+any thread and returns at once.  The voice is ``engine_config.voice`` (the
+caller's EngineConfig, shared): the engine reads it when a reply starts.  ``on_update(kind, payload)`` is called on the
 engine's thread; a GUI must marshal it (queued signals).
 
 Kinds: "state" (TurnState), "turn" (new TurnTimeline), "reply" (TurnTimeline
@@ -214,10 +215,6 @@ class LiveSession:
 
             logging.getLogger(__name__).warning("no echo canceller (livekit missing): speakers mode runs "
                                                 "without cancellation until the session restarts")
-
-    def set_voice(self, voice: str | None) -> None:
-        """The voice for the next reply (a name from the checkpoint's spk_dict.pt)."""
-        self.engine_config.voice = voice
 
     def repeat_last_question(self) -> bool:
         """Play the last user utterance into the microphone path again (reproducible tests)."""
