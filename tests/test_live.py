@@ -27,8 +27,10 @@ BLOCK = REC_RATE // 100  # 10 ms analysis blocks of the speaker recording
 AUDIBLE = 0.01  # peak above which a recorded block counts as sound (the demo plays at RMS 0.15)
 # Speaker silent this soon after the interrupting speech reaches the microphone (found in a
 # recording of the mic taken alongside the speaker's): capture latency + onset detection (one
-# 40 ms frame) + output latency, about 0.15-0.3 s here; the rest is margin for a loaded machine.
-BARGE_IN_STOP_BOUND_S = 0.6
+# 40 ms frame) + output latency, 0.16-0.28 s here; 0.56-0.58 s with another CPU-heavy job on
+# the two cores.  The margin is for such a machine: that playback pauses at the onset frame is
+# checked on the timeline (check_interrupted), so a lost pause fails there.
+BARGE_IN_STOP_BOUND_S = 0.9
 
 
 def wav(name: str) -> np.ndarray:
@@ -199,7 +201,7 @@ def check_interrupted(session, audio, t_rec, marks):
     print(f"barge-in stop time (interrupting speech in the mic -> speaker silent): {stop_s * 1000:.0f} ms "
           f"(pacat took {1000 * (speech_at - marks['barge_start']):.0f} ms to start it); timeline onset -> "
           f"confirmed {1000 * (b.confirmed - b.onset):.0f} ms, kept {b.kept_text_tokens} text tokens, "
-          f"rolled back {b.rolled_back_tokens}")
+          f"rolled back {b.rolled_back_tokens}; false barge-ins {session.stats.false_barge_ins}")
     assert stop_s < BARGE_IN_STOP_BOUND_S
 
 
