@@ -151,8 +151,9 @@ class VirtualSpeaker:
         n = out.size
         k = 0
         if not self.paused or self._pausing:
-            k = min(n, self._count) if not self.paused else min(n, self._count, self._pausing)
-            if self.paused:
+            k = min(n, self._count)
+            if self.paused:  # the pause's fade-out is still playing
+                k = min(k, self._pausing)
                 self._pausing -= k
             if k:
                 first = min(k, self.capacity - self._head)
