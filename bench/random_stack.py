@@ -4,10 +4,13 @@
 No download and no checkpoint files for the weights: the real config.json
 (tests/data/qwen2_5_omni_{3b,7b}) gives the shapes, our modules are built on
 the meta device and materialised on the target device in the target dtype
-(the vocoder in fp32, as always), and filled with seeded random values.  The
-tokenizer and voices are small stand-ins written to a temp dir (the model's
-vocabulary is larger than the tokenizer's, as with the real files).  Then
-`omnidesk bench` runs on it and the JSON lands in --out.
+(the vocoder in fp32, as always), and filled with seeded random values
+(omnidesk/models/random_init.py, the init of the demo and of the real-size test
+checkpoint).  The tokenizer is a small stand-in written to a temp dir (the
+model's vocabulary is larger than the tokenizer's, as with the real files); the
+voices are random, in the published spk_dict.pt shapes (cond [1, 192], ref_mel
+[1, 400, 80]), read through the loader's voice check.  Then `omnidesk bench`
+runs on it and the JSON lands in --out.
 
     python3 bench/random_stack.py --size 7b --device cuda --dtype bfloat16 --out results/7b.json
 """
@@ -30,7 +33,8 @@ from omnidesk.engine import bench  # noqa: E402
 from omnidesk.models.config import OmniConfig  # noqa: E402
 from omnidesk.models.demo import PREPROCESSOR  # noqa: E402
 from omnidesk.models.features import FeatureConfig  # noqa: E402
-from omnidesk.models.loading import OmniModel, OmniStack, Voice, _materialize  # noqa: E402
+from omnidesk.models.loading import OmniModel, OmniStack, VoiceDims, _materialize, voice_from_entry  # noqa: E402
+from omnidesk.models.random_init import init_module_  # noqa: E402
 from omnidesk.models.tokenizer import Tokenizer, write_tokenizer_files  # noqa: E402
 
 
@@ -54,19 +58,15 @@ def build(config_path: Path, device: str, dtype: torch.dtype, seed: int = 0) -> 
     _materialize(model.thinker, dev, dtype)
     _materialize(model.talker, dev, dtype)
     _materialize(model.vocoder, dev, torch.float32)
-    g = torch.Generator(device=dev).manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("norm.weight") or name.endswith("ln_post.weight") or "layer_norm.weight" in name:
-                p.fill_(1.0)
-            elif name.endswith(".bias"):
-                p.zero_()
-            else:
-                p.normal_(0.0, 0.02, generator=g)
+    init_module_(model, torch.Generator(device=dev).manual_seed(seed))
     model.eval()
     cpu = torch.Generator().manual_seed(seed)
-    voices = {name: Voice(name, ids[f"speaker_{i}"], torch.randn(192, generator=cpu),
-                          torch.randn(150, 80, generator=cpu)) for i, name in enumerate(("Chelsie", "Ethan"))}
+    dims = VoiceDims.of(cfg)
+    voices = {}
+    for i, name in enumerate(("Chelsie", "Ethan")):
+        entry = {"bos_token": ids[f"speaker_{i}"], "cond": torch.randn(1, dims.cond, generator=cpu),
+                 "ref_mel": torch.randn(1, 400, dims.mel, generator=cpu)}
+        voices[name] = voice_from_entry(name, entry, dims, "random voices")
     return OmniStack(path=tmp, config=cfg, model=model, tokenizer=Tokenizer.from_dir(tmp),
                      features=FeatureConfig.from_preprocessor_config(tmp / "preprocessor_config.json"),
                      voices=voices, generation_config={}, dtype=dtype, device=dev)

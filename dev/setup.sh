@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Set up OmniDesk in ./.venv on a fresh Linux machine.
 #   dev/setup.sh          the app and its runtime dependencies
-#   dev/setup.sh --test   the same plus the test dependencies (pytest, pytest-qt, transformers as the oracle)
+#   dev/setup.sh --test   the same plus the test dependencies (pytest, pytest-qt, transformers and kyutai's
+#                         moshi as the oracles)
 # System libraries (PortAudio for the audio devices, the libraries Qt needs) are
 # installed with apt-get when running as root and missing; otherwise it says
 # what to install.
@@ -43,4 +44,10 @@ python=${PYTHON:-python3}
 # The tested torch release first: on this project's machines it is the CPU build from local disk.
 .venv/bin/python -c 'import torch' 2>/dev/null || .venv/bin/python -m pip install -q "torch==2.13.0"
 .venv/bin/python -m pip install -q -e ".${extras}"
+if [ "${1:-}" = "--test" ]; then
+  # Kyutai's moshi package is the Moshi/Mimi oracle in tests only. It pins an older torch (and exact
+  # sounddevice), so it goes in without its dependencies; what its model code imports is added.
+  .venv/bin/python -c 'import moshi' 2>/dev/null || .venv/bin/python -m pip install -q --no-deps "moshi==0.2.13"
+  .venv/bin/python -m pip install -q "einops>=0.7" "sentencepiece>=0.2"
+fi
 echo "ready: .venv/bin/omnidesk"

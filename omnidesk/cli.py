@@ -1,46 +1,262 @@
-"""The `omnidesk` command."""
+"""The `omnidesk` command.
+
+User errors (a missing file, a device this machine cannot use, a damaged
+checkpoint, ...) end with one line on stderr starting "error:" and exit code 2.
+Anything unexpected ends with "error: <what failed>: <message>" plus where the
+traceback went, and exit code 1 (``OMNIDESK_DEBUG=1`` shows the traceback).
+"""
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
+EXIT_USER_ERROR = 2
+DEBUG_ENV = "OMNIDESK_DEBUG"
 
-def _load(model: str, device: str):
-    """Resolve 'demo' or a path / cached repo id and load it, printing the demo notice where it applies."""
-    from omnidesk.models.demo import DEMO_NOTICE, is_demo, make_demo
+
+class UsageError(Exception):
+    """Something the user can fix; main prints "error: <message>" and exits 2."""
+
+
+# ---------------------------------------------------------------- model and device
+
+def _remembered_model() -> str | None:
+    """The model the window's model picker remembers (its QSettings), or None."""
+    try:
+        from omnidesk.gui.settings import Settings
+
+        return Settings().model
+    except Exception:  # no PySide6, unreadable settings: nothing remembered
+        return None
+
+
+@dataclass
+class Prepared:
+    """The model and device to run, resolved and checked, before anything heavy loads."""
+
+    source: str  # what was chosen: "demo", a folder or a repo id
+    root: Path  # the checkpoint folder
+    device: str
+    input_rate: int  # the audio encoder's sampling rate (WAV inputs are resampled to it)
+    family: object = None  # the omnidesk.models.families.Family (None: Qwen2.5-Omni, as before the registry)
+
+    @property
+    def duplex(self) -> bool:
+        return bool(getattr(self.family, "duplex", False))
+
+
+def _prepare(args, out) -> Prepared:
+    """Check the device, choose the model (as the window does) and say which and why, in one line."""
+    from omnidesk.models.choice import (DEMO, WHY_CONFIGURED, check_device, choose_model, default_device,
+                                        why_default_device)
+    from omnidesk.models.families import QWEN, demo_family, family_of
+    from omnidesk.models.features import FeatureConfig
+    from omnidesk.models.loading import CheckpointError, resolve_checkpoint
+
+    args.doing = "choosing the model"
+    if args.device:
+        device, device_why = check_device(args.device), "given with --device"
+    else:
+        device, device_why = default_device(), why_default_device()
+    choice = choose_model(args.model, remembered=None if args.model else _remembered_model())
+    why = "given with --model" if choice.why == WHY_CONFIGURED else choice.why
+    print(f"model: {choice.source} ({why}); device: {device} ({device_why})", file=out, flush=True)
+    if choice.source == DEMO:
+        from omnidesk.models.demo import make_demo
+
+        args.doing = "making the demo model"
+        t0 = time.perf_counter()
+        root = make_demo()
+        print(f"demo model at {root} ({(time.perf_counter() - t0) * 1000:.0f} ms)", file=out)
+    elif demo_family(choice.source) is not None:  # another family's demo ("moshi-demo"): made on first use
+        args.doing = "making the demo model"
+        t0 = time.perf_counter()
+        root = demo_family(choice.source).make_demo()
+        print(f"demo model at {root} ({(time.perf_counter() - t0) * 1000:.0f} ms)", file=out)
+    else:
+        root = resolve_checkpoint(choice.source)
+    try:
+        family = family_of(root)
+    except CheckpointError:  # not a layout the registry knows: the Qwen loader says what is wrong with it
+        family = QWEN
+    if family.duplex:
+        from omnidesk.engine.duplex import SESSION_RATE
+
+        return Prepared(choice.source, root, device, SESSION_RATE, family)  # the engine resamples to the model
+    try:
+        rate = FeatureConfig.from_preprocessor_config(root).sampling_rate
+    except Exception:  # loading names what is wrong with the checkpoint
+        rate = 16000
+    return Prepared(choice.source, root, device, rate, family)
+
+
+# Options of the turn-based (Qwen2.5-Omni) pipeline that a full-duplex model has no use for:
+# Moshi has one voice, and no reply to limit (it talks when it likes, one frame at a time).
+DUPLEX_IGNORED = (("voice", "--voice"), ("max_text_tokens", "--max-text-tokens"),
+                  ("max_codec_tokens", "--max-codec-tokens"))
+
+
+def _load_duplex(args, prepared: Prepared, out):
+    """Load a full-duplex checkpoint (Moshi) as its executor, printing the demo notice where it applies."""
+    from omnidesk.models.moshi.executor import load_moshi
+
+    ignored = [flag for name, flag in DUPLEX_IGNORED if getattr(args, name, None) is not None]
+    if ignored:
+        print(f"note: {', '.join(ignored)} ha{'ve' if len(ignored) > 1 else 's'} no meaning for "
+              f"{prepared.family.title} (one voice, no reply length: it talks when it likes); ignored", file=out)
+    args.doing = "loading the model"
+    executor = load_moshi(prepared.root, device=prepared.device, greedy=bool(getattr(args, "greedy", False)),
+                          seed=int(getattr(args, "seed", 0) or 0))
+    if prepared.family.is_demo(prepared.root):
+        print(f"NOTE: {prepared.family.demo_notice}", file=out)
+    return executor
+
+
+def _refuse_duplex(prepared: Prepared, command: str, instead: str = "") -> None:
+    if prepared.duplex:
+        raise UsageError(f"`omnidesk {command}` runs turn-based models; {prepared.family.title} is full duplex: "
+                         f"use `omnidesk talk` or `omnidesk live`" + (f" ({instead})" if instead else ""))
+
+
+def _load(args, prepared: Prepared, out):
+    """Load the prepared checkpoint, printing the demo notice where it applies: a Qwen2.5-Omni
+    stack, or for a full-duplex family (Moshi) its ready executor (``.duplex`` is True)."""
+    from omnidesk.models.demo import DEMO_NOTICE, is_demo
     from omnidesk.models.loading import load_stack
 
-    if model == "demo":
-        t0 = time.perf_counter()
-        path = make_demo()
-        model = str(path)
-        print(f"demo model at {path} ({(time.perf_counter() - t0) * 1000:.0f} ms)")
-    stack = load_stack(model, device=device)
+    if prepared.duplex:
+        return _load_duplex(args, prepared, out)
+    args.doing = "loading the model"
+    stack = load_stack(prepared.root, device=prepared.device)
     if is_demo(stack.config.raw):
-        print(f"NOTE: {DEMO_NOTICE}")
+        print(f"NOTE: {DEMO_NOTICE}", file=out)
+    voice = getattr(args, "voice", None)
+    if voice and voice not in stack.voices:
+        raise UsageError(f"unknown voice '{voice}'; this model has: {', '.join(stack.voices) or 'no voices'}")
     return stack
 
 
-def _read_wav(path: Path, rate: int):
-    import soundfile as sf
-    import torch
+# ---------------------------------------------------------------- input and output files
 
+def _read_wav(path_text: str, rate: int):
+    """A sound file as float32 mono at ``rate`` (channels mixed down, resampled with soxr)."""
+    import numpy as np
+    import soundfile as sf
+
+    path = Path(path_text)
+    if not path.exists():
+        raise UsageError(f"no such file: {path}")
+    if path.is_dir():
+        raise UsageError(f"{path} is a folder, not a sound file")
+    if not os.access(path, os.R_OK):
+        raise UsageError(f"cannot read {path}: permission denied")
+    if path.stat().st_size == 0:
+        raise UsageError(f"{path} is empty (0 bytes)")
     try:
         data, file_rate = sf.read(str(path), dtype="float32", always_2d=True)
-    except (RuntimeError, sf.LibsndfileError) as e:
-        raise SystemExit(f"error: cannot read {path}: {e}") from None
+    except (sf.SoundFileError, RuntimeError, OSError) as e:
+        reason = getattr(e, "error_string", None) or str(e)
+        raise UsageError(f"cannot read {path}: not a sound file this program reads (WAV, FLAC, OGG) "
+                         f"({reason.strip().rstrip('.')})") from None
+    if data.shape[0] == 0:
+        raise UsageError(f"{path} is empty: it holds no audio samples")
+    mono = data.mean(axis=1, dtype=np.float32)
     if file_rate != rate:
-        raise SystemExit(f"error: {path} is {file_rate} Hz; the audio encoder needs {rate} Hz mono "
-                         f"(convert it first, e.g. sox {path} -r {rate} -c 1 out.wav)")
-    return torch.from_numpy(data.mean(axis=1))
+        import soxr
 
+        mono = soxr.resample(mono, file_rate, rate).astype(np.float32)
+    return mono
+
+
+def _speech_found(audio, rate: int, detector: str) -> bool:
+    """Whether ``detector`` ("webrtc" as the app, or "energy") finds a run of speech long enough to
+    start a turn (the endpointer's ``speech_start_ms``) in ``audio``, judged in 40 ms frames at 16 kHz
+    after the lead-in silence ``talk`` plays first."""
+    import math
+
+    import numpy as np
+
+    from omnidesk.engine.talk import FRAME_S, LEAD_SILENCE_S
+    from omnidesk.engine.vad import EndpointerConfig, EnergyVAD
+
+    vad_rate = 16000
+    if rate != vad_rate:
+        import soxr
+
+        audio = soxr.resample(audio, rate, vad_rate).astype(np.float32)
+    cfg = EndpointerConfig()
+    if detector == "webrtc":
+        from omnidesk.audio.vad import WebRtcVAD
+
+        vad = WebRtcVAD(sample_rate=vad_rate)
+    else:
+        vad = EnergyVAD()
+    frame = int(round(vad_rate * FRAME_S))
+    need = math.ceil(cfg.speech_start_ms / (FRAME_S * 1000))
+    # the detector's noise model adapts: judge the file after the same lead-in `talk` plays (whole frames)
+    lead = np.zeros(int(round(LEAD_SILENCE_S / FRAME_S)) * frame, np.float32)
+    x = np.concatenate([lead, audio, np.zeros((-(lead.size + audio.size)) % frame, np.float32)])
+    run = 0
+    for i in range(0, x.size, frame):
+        run = run + 1 if vad.is_speech(x[i:i + frame]) else 0
+        if run >= need:
+            return True
+    return False
+
+
+def _read_input(path_text: str, rate: int, detector: str | None):
+    """``_read_wav``, refusing a file with no speech: all zeros always; with ``detector`` also a
+    file in which it hears none."""
+    import numpy as np
+
+    audio = _read_wav(path_text, rate)
+    if not np.any(audio):
+        raise UsageError(f"no speech detected in {path_text}: it is silent (every sample is zero)")
+    if detector is not None and not _speech_found(audio, rate, detector):
+        name = "the webrtcvad speech detector" if detector == "webrtc" else "the energy speech detector"
+        raise UsageError(f"no speech detected in {path_text} ({name} heard none); record it louder or closer "
+                         f"to the microphone, or pass --no-vad to use the file as it is")
+    return audio
+
+
+def _check_writable(path_text: str | None, option: str) -> None:
+    """Fail before loading when an output file cannot be written (a missing folder, a folder given)."""
+    if not path_text:
+        return
+    path = Path(path_text)
+    if path.is_dir():
+        raise UsageError(f"{option} {path}: that is a folder; give a file name")
+    parent = path.parent
+    if not parent.is_dir():
+        raise UsageError(f"{option} {path}: no such folder: {parent}")
+    if not os.access(parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise UsageError(f"{option} {path}: permission denied")
+
+
+# ---------------------------------------------------------------- commands
 
 def cmd_make_demo(args) -> int:
     from omnidesk.models.demo import DEMO_NOTICE, make_demo
+    from omnidesk.models.families import family_named
 
+    if args.family:
+        try:
+            family = family_named(args.family)
+        except ValueError as e:
+            raise UsageError(str(e)) from None
+        if family.name != "qwen2_5_omni":
+            t0 = time.perf_counter()
+            path = family.make_demo(args.dir, force=args.force)
+            size = sum(p.stat().st_size for p in path.iterdir()) / 1e6
+            print(f"{path}  ({size:.1f} MB, {(time.perf_counter() - t0) * 1000:.0f} ms; "
+                  f"--model {family.demo_name} names it)")
+            print(f"NOTE: {family.demo_notice}")
+            return 0
     t0 = time.perf_counter()
     path = make_demo(args.dir, force=args.force)
     size = sum(p.stat().st_size for p in path.iterdir()) / 1e6
@@ -51,32 +267,83 @@ def cmd_make_demo(args) -> int:
 
 def cmd_models_list(args) -> int:
     from omnidesk.models.inventory import find_checkpoints
+    from omnidesk.models.loading import hf_hub_cache
 
-    found = find_checkpoints([Path(d) for d in args.dir or []])
-    if not found:
-        print("no Qwen2.5-Omni checkpoints found in the Hugging Face cache"
-              + (" or the given folders" if args.dir else "")
-              + "; get one with: omnidesk models download Qwen/Qwen2.5-Omni-3B")
-        return 0
+    found = find_checkpoints([Path(d) for d in args.dir or []], include_demo=True)
     for info in found:
         state = "ok" if info.loads else "BROKEN"
-        demo = "  (demo: random weights, noise)" if info.demo else ""
+        demo = "  (the demo model: random weights, its replies are noise)" if info.demo else ""
         params = f"{info.params / 1e9:.2f}B" if info.params >= 1e9 else f"{info.params / 1e6:.1f}M"
-        print(f"{info.name}\n    {info.path}\n    {info.size_bytes / 1e9:.2f} GB, {params} params, "
-              f"{info.dtype}, voices: {', '.join(info.voices) or '-'}, {state}{demo}")
+        print(f"{info.name}{demo}\n    {info.path}\n    {info.size_bytes / 1e9:.2f} GB, {params} params, "
+              f"{info.dtype}, voices: {', '.join(info.voices) or '-'}, {state}")
         for problem in info.problems:
             print(f"    problem: {problem}")
+    if not any(not info.demo for info in found):
+        print(f"no real Qwen2.5-Omni checkpoint found in the Hugging Face cache ({hf_hub_cache()})"
+              + (" or the given folders" if args.dir else "")
+              + "; get one with: omnidesk models download Qwen/Qwen2.5-Omni-3B")
     return 0
 
 
+def _verify_duplex(target: str, args) -> bool:
+    """`models verify` of a full-duplex (Moshi) checkpoint: its files and config, and a load test (which
+    checks every tensor name, shape and dtype).  False when ``target`` is not one (the Qwen path runs)."""
+    from omnidesk.models.families import family_of
+    from omnidesk.models.loading import CheckpointError, resolve_checkpoint
+
+    try:
+        root = resolve_checkpoint(target)
+        family = family_of(root)
+    except CheckpointError:
+        return False  # the Qwen verifier says what is wrong
+    if not family.duplex:
+        return False
+    from omnidesk.models.moshi.executor import load_moshi, read_config
+
+    cfg, _ = read_config(root)
+    for name in (cfg.moshi_name, cfg.mimi_name, cfg.tokenizer_name):
+        if not (root / name).is_file():
+            raise CheckpointError(f"{root}: missing file {name}")
+        print(f"  ok  {name}")
+    if args.no_load_test:
+        print("  --  load test skipped (--no-load-test)")
+    else:
+        load_moshi(root)
+        print(f"  ok  loads as {family.title} (every tensor name, shape and dtype checked)")
+    if family.is_demo(root):
+        print(f"  --  {family.demo_notice}")
+    print("verified: no problems")
+    return True
+
+
 def cmd_models_verify(args) -> int:
+    import json
+
+    from omnidesk.models.demo import DEMO_NOTICE, is_demo
     from omnidesk.models.inventory import verify
 
-    report = verify(args.path, load_test=not args.no_load_test)
+    if args.path and args.model and args.path != args.model:
+        raise UsageError(f"two checkpoints to verify ('{args.path}' and --model '{args.model}'); give one")
+    target = args.path or args.model
+    if not target:
+        from omnidesk.models.choice import choose_model
+
+        choice = choose_model(None, remembered=_remembered_model())
+        target = choice.source
+        print(f"verifying {target} ({choice.why}; name another with: omnidesk models verify PATH|REPO|demo)")
+    if _verify_duplex(target, args):
+        return 0
+    report = verify(target, load_test=not args.no_load_test)
+    try:
+        demo = is_demo(json.loads((report.path / "config.json").read_text()))
+    except (OSError, ValueError):
+        demo = False
     for line in report.checked:
         print(f"  ok  {line}")
     for line in getattr(report, "notes", []):
         print(f"  --  {line}")
+    if demo:
+        print(f"  --  {DEMO_NOTICE}")
     for line in report.problems:
         print(f"  !!  {line}")
     print("verified: no problems" if report.ok else f"{len(report.problems)} problem(s)")
@@ -88,7 +355,7 @@ def cmd_models_download(args) -> int:
 
     hint = RECOMMENDED.get(args.repo)
     if hint:
-        print(f"{args.repo}: about {hint.download_gb} GB to download; {hint.guidance}")
+        print(f"{args.repo}: {hint.summary()}")
     try:
         path = download(args.repo, cache_dir=Path(args.cache_dir) if args.cache_dir else None,
                         endpoint=args.endpoint, progress=not args.no_progress)
@@ -108,12 +375,19 @@ def cmd_doctor(args) -> int:
 
 
 def cmd_reply(args) -> int:
+    import torch
+
     from omnidesk.engine.offline import generate_reply
     from omnidesk.models.reply import talker_defaults
     from omnidesk.models.sampling import SamplingParams
 
-    stack = _load(args.model, args.device)
-    wave = _read_wav(Path(args.input), stack.features.sampling_rate)
+    prepared = _prepare(args, sys.stdout)
+    _refuse_duplex(prepared, "reply")
+    args.doing = "reading the input"
+    _check_writable(args.output, "--output")
+    wave = torch.from_numpy(_read_input(args.input, prepared.input_rate, None if args.no_vad else "webrtc"))
+    stack = _load(args, prepared, sys.stdout)
+    args.doing = "generating the reply"
     t0 = time.perf_counter()
     reply = generate_reply(stack, wave, voice=args.voice,
                            thinker_sampling=SamplingParams(greedy=True) if args.greedy else
@@ -126,6 +400,7 @@ def cmd_reply(args) -> int:
     print(f"reply text ({len(reply.text_ids)} tokens): {reply.text!r}")
     print(f"speech tokens: {len(reply.codec_ids)}; thinker + talker took {elapsed * 1000:.0f} ms (sequential path)")
     if args.output and reply.codec_ids:
+        args.doing = "speaking the reply"
         _speak(stack, reply.codec_ids, args.voice or stack.default_voice, args.seed, Path(args.output))
     return 0
 
@@ -158,7 +433,6 @@ def _speak(stack, codec_ids: list[int], voice_name: str, seed: int, out: Path) -
 def cmd_talk(args) -> int:
     import asyncio
 
-    import numpy as np
     import soundfile as sf
 
     from omnidesk.engine.engine import EngineConfig
@@ -167,20 +441,37 @@ def cmd_talk(args) -> int:
     from omnidesk.engine.timeline import Timeline
     from omnidesk.models.demo import is_demo
 
-    stack = _load(args.model, args.device)
-    rate = stack.features.sampling_rate
-    inputs = [_read_wav(Path(p), rate).numpy().astype(np.float32) for p in args.input]
-    barge = None
+    barge_seconds = barge_path = None
     if args.barge_in:
-        seconds, _, path = args.barge_in.partition(":")
+        seconds, _, barge_path = args.barge_in.rpartition(":")
         try:
-            barge = (float(seconds), _read_wav(Path(path), rate).numpy().astype(np.float32))
+            barge_seconds = float(seconds)
         except ValueError:
-            raise SystemExit(f"error: --barge-in wants SECONDS:FILE.wav, got {args.barge_in!r}") from None
-    executor = executor_for(stack, greedy=args.greedy, max_text_tokens=args.max_text_tokens,
-                            max_codec_tokens=args.max_codec_tokens)
-    timeline = Timeline(model={"path": str(stack.path), "demo": is_demo(stack.config.raw),
-                               "dtype": str(stack.dtype).replace("torch.", "")}, device=str(stack.device))
+            barge_seconds = None
+        if barge_seconds is None or barge_seconds < 0 or not barge_path:
+            raise UsageError(f"--barge-in wants SECONDS:FILE.wav (e.g. 1.0:cut.wav), got '{args.barge_in}'")
+    prepared = _prepare(args, sys.stdout)
+    if prepared.duplex and args.barge_in:
+        raise UsageError(f"--barge-in needs a turn-based model; {prepared.family.title} is full duplex (it "
+                         f"hears you while it talks): give the interruption as another --input, or use "
+                         f"--interrupt-after to stop it")
+    rate = prepared.input_rate
+    args.doing = "reading the inputs"
+    _check_writable(args.output, "--output")
+    _check_writable(args.timeline, "--timeline")
+    inputs = [_read_input(p, rate, None if args.no_vad else args.vad) for p in args.input]
+    # a barge-in need not be speech (a cough tests a false barge-in): only silence is refused
+    barge = None if barge_path is None else (barge_seconds, _read_input(barge_path, rate, None))
+    stack = _load(args, prepared, sys.stdout)
+    args.doing = "the scripted conversation"
+    if prepared.duplex:
+        executor = stack  # a full-duplex family loads as its executor
+        timeline = Timeline(model=executor.model_info(), device=str(executor.device))
+    else:
+        executor = executor_for(stack, greedy=args.greedy, max_text_tokens=args.max_text_tokens,
+                                max_codec_tokens=args.max_codec_tokens)
+        timeline = Timeline(model={"path": str(stack.path), "demo": is_demo(stack.config.raw),
+                                   "dtype": str(stack.dtype).replace("torch.", "")}, device=str(stack.device))
     config = EngineConfig(voice=args.voice, seed=args.seed)
     detector = None
     if args.vad == "webrtc":
@@ -190,14 +481,58 @@ def cmd_talk(args) -> int:
     after = None if args.interrupt_after is None else args.interrupt_after / 1000.0
     engine, speaker = asyncio.run(run_script(executor, Script(inputs, barge, args.no_vad, after), config, timeline,
                                              realtime=not args.fast, detector=detector))
+    # written whatever happened: a failed turn is in the timeline with the turns before it
+    args.doing = "writing the results"
     sf.write(args.output, speaker.recording(), speaker.sample_rate)
     timeline.extra["preemptive_used"] = engine.stats.preemptive_used
     timeline.extra["preemptive_discarded"] = engine.stats.preemptive_discarded
     timeline.extra["false_barge_ins"] = engine.stats.false_barge_ins
     timeline.write(args.timeline)
-    print(latency_table(timeline))
+    print(duplex_summary(timeline.extra.get("duplex") or {}) if prepared.duplex else latency_table(timeline))
     print(f"wrote {args.output} ({speaker.clock_samples / speaker.sample_rate:.1f} s) and {args.timeline}")
+    failure = getattr(engine, "failure", None)
+    if failure is not None:
+        print(f"error: the reply failed in the {failure.stage}: {failure.message}", file=sys.stderr)
+        return 1
+    heard = (timeline.extra.get("duplex") or {}).get("user_speech") if prepared.duplex else timeline.turns
+    if not heard:
+        print("error: no speech detected: the speech detector started no turn in the inputs "
+              "(pass --no-vad to make each file one turn)", file=sys.stderr)
+        return 1
     return 0
+
+
+def duplex_summary(section: dict) -> str:
+    """A few lines on a full-duplex session (the timeline's "duplex" section): frames, step times, exchanges."""
+    import numpy as np
+
+    steps = np.asarray(section.get("step_ms") or [], dtype=float)
+    frame_ms = 1000.0 * section.get("frame_s", 0.08)
+    if steps.size:
+        p50, p90, worst = np.percentile(steps, 50), np.percentile(steps, 90), steps.max()
+        times = f"step p50 {p50:.1f} ms, p90 {p90:.1f} ms, max {worst:.1f} ms"
+    else:
+        times = "no steps"
+    lines = [f"duplex: {steps.size} frames of {frame_ms:.0f} ms; {times}; late frames {section.get('late_frames', 0)}"
+             f", dropped {section.get('dropped_frames', 0)}, max lag {section.get('max_lag_s', 0.0) * 1000:.0f} ms"]
+    users = section.get("user_speech") or []
+    lines.append(f"user speech: {len(users)} segment(s)"
+                 + "".join(f"  [{a:.2f}-{'?' if b is None else f'{b:.2f}'} s]" for a, b in users[:8]))
+    exchanges = section.get("exchanges") or []
+    if not exchanges:
+        lines.append("exchanges: none (the assistant did not start speaking after the user)")
+    for i, x in enumerate(exchanges, 1):
+        lines.append(f"exchange {i}: user {x['user_speech_start']:.2f}-{x['user_speech_end']:.2f} s, assistant "
+                     f"from {x['assistant_speech_start']:.2f} s: delay {x['delay_s'] * 1000:+.0f} ms")
+    said = " ".join(s["text"] for s in section.get("assistant_speech") or [] if s.get("text")).strip()
+    if said:
+        lines.append(f"assistant text: {said[:200]!r}")
+    return "\n".join(lines)
+
+
+NO_DEVICES = ("no audio devices found: PortAudio sees no sound card or sound server; check that "
+              "PulseAudio/PipeWire is running (`pactl info`) and that you may use the audio devices, "
+              "then run `omnidesk doctor`")
 
 
 def cmd_live(args) -> int:
@@ -205,6 +540,21 @@ def cmd_live(args) -> int:
     import threading
 
     from omnidesk.audio.device import AudioDeviceError, list_devices
+
+    if args.list_devices:
+        try:
+            devices = list_devices()
+        except AudioDeviceError as e:
+            raise UsageError(f"{e} (run `omnidesk doctor` to see what is missing)") from None
+        if not devices:
+            raise UsageError(NO_DEVICES)
+        for d in devices:
+            marks = [m for m, on in (("default input", d.is_default_input), ("default output", d.is_default_output)) if on]
+            print(f"{d.index:3d}  {d.name}  (in {d.inputs}, out {d.outputs}, {d.default_rate:.0f} Hz, {d.hostapi})"
+                  + (f"  [{', '.join(marks)}]" if marks else ""))
+        return 0
+
+    from omnidesk.audio.aec import EchoCancellerUnavailable
     from omnidesk.audio.session import LiveSession, LiveSettings
     from omnidesk.engine.engine import EngineConfig
     from omnidesk.engine.executors.qwen2_5_omni import executor_for
@@ -212,26 +562,30 @@ def cmd_live(args) -> int:
     from omnidesk.engine.timeline import Timeline
     from omnidesk.models.demo import is_demo
 
-    if args.list_devices:
-        try:
-            devices = list_devices()
-        except AudioDeviceError as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 2
-        for d in devices:
-            marks = [m for m, on in (("default input", d.is_default_input), ("default output", d.is_default_output)) if on]
-            print(f"{d.index:3d}  {d.name}  (in {d.inputs}, out {d.outputs}, {d.default_rate:.0f} Hz, {d.hostapi})"
-                  + (f"  [{', '.join(marks)}]" if marks else ""))
-        return 0
-    stack = _load(args.model, args.device)
-    executor = executor_for(stack)
-    timeline = Timeline(model={"path": str(stack.path), "demo": is_demo(stack.config.raw),
-                               "dtype": str(stack.dtype).replace("torch.", "")}, device=str(stack.device))
+    prepared = _prepare(args, sys.stdout)
+    _check_writable(args.timeline, "--timeline")
+    stack = _load(args, prepared, sys.stdout)
+    args.doing = "the live conversation"
+    if prepared.duplex:
+        executor = stack
+        timeline = Timeline(model=executor.model_info(), device=str(executor.device))
+    else:
+        executor = executor_for(stack)
+        timeline = Timeline(model={"path": str(stack.path), "demo": is_demo(stack.config.raw),
+                                   "dtype": str(stack.dtype).replace("torch.", "")}, device=str(stack.device))
     finished = threading.Event()
     turns_done = [0]
+    errors: list[str] = []
 
     def on_update(kind, payload):
-        if kind in ("done", "interrupted"):
+        if kind == "duplex":  # a full-duplex model: one line per exchange (user stops -> it starts)
+            if len(payload.delays_s) > turns_done[0]:
+                turns_done[0] = len(payload.delays_s)
+                print(f"exchange {turns_done[0]}: delay {payload.delays_s[-1] * 1000:+.0f} ms; step p50 "
+                      f"{payload.step_ms_p50 or 0:.1f} ms, late frames {payload.late_frames}", flush=True)
+                if args.turns and turns_done[0] >= args.turns:
+                    finished.set()
+        elif kind in ("done", "interrupted"):
             turns_done[0] += 1
             print(latency_row(turns_done[0], payload), flush=True)
             if args.turns and turns_done[0] >= args.turns:
@@ -239,6 +593,7 @@ def cmd_live(args) -> int:
         elif kind == "turn":
             print("  (you're speaking)", flush=True)
         elif kind == "error":
+            errors.append(str(payload))
             print(f"error: {payload}", file=sys.stderr, flush=True)
             finished.set()
 
@@ -248,11 +603,13 @@ def cmd_live(args) -> int:
     try:
         session.start()
     except AudioDeviceError as e:
-        print(f"error: {e}\n(see `omnidesk live --list-devices`)", file=sys.stderr)
-        return 2
+        raise UsageError(f"{e} (see `omnidesk live --list-devices`)") from None
+    except EchoCancellerUnavailable as e:
+        raise UsageError(f"{e} (--headphones)") from None
     print(f"listening on {session.audio.describe()}; echo cancellation "
           f"{'off (headphones)' if args.headphones else 'on'}. Speak; Ctrl-C to stop.")
-    print(LATENCY_HEADER, flush=True)
+    if not prepared.duplex:
+        print(LATENCY_HEADER, flush=True)
     try:
         finished.wait(args.duration or None)
     except KeyboardInterrupt:
@@ -263,9 +620,11 @@ def cmd_live(args) -> int:
         timeline.write(args.timeline)
     stats = session.stats
     erle = session.echo_reduction_db()
-    print(f"{len(timeline.turns)} turns; barge-ins {stats.barge_ins} confirmed, {stats.false_barge_ins} false; "
+    if prepared.duplex:
+        print(duplex_summary(timeline.extra.get("duplex") or {}))
+    print(f"{turns_done[0] if prepared.duplex else len(timeline.turns)} {'exchanges' if prepared.duplex else 'turns'}; barge-ins {stats.barge_ins} confirmed, {stats.false_barge_ins} false; "
           f"echo reduction {'-' if erle is None else f'{erle:.1f} dB'}")
-    return 0
+    return 1 if errors else 0
 
 
 def cmd_bench(args) -> int:
@@ -273,7 +632,11 @@ def cmd_bench(args) -> int:
 
     from omnidesk.engine import bench
 
-    stack = _load(args.model, args.device)
+    # stdout is the JSON: what was chosen and the demo notice go to stderr
+    prepared = _prepare(args, sys.stderr)
+    _refuse_duplex(prepared, "bench", "bench/duplex.py measures its per-frame step")
+    stack = _load(args, prepared, sys.stderr)
+    args.doing = "the benchmark"
     result = bench.run(stack, turns=args.turns, interrupts=args.interrupts,
                        with_transformers=not args.no_transformers)
     text = json.dumps(result, indent=2)
@@ -296,6 +659,10 @@ def cmd_default(args) -> int:
             import PySide6  # noqa: F401
         except ImportError:
             problem = "the window needs PySide6 (pip install PySide6-Essentials)"
+    if args.device:  # a device the machine cannot use is said here, not in a banner after the window opens
+        from omnidesk.models.choice import check_device
+
+        args.device = check_device(args.device)
     if problem is None:
         from omnidesk.gui.app import print_demo_notice, run
 
@@ -304,10 +671,12 @@ def cmd_default(args) -> int:
     import torch
 
     from omnidesk.engine.offline import generate_reply
-    from omnidesk.gui.model_loader import choose_model, default_device
 
     print(f"{problem}\nRunning one check turn in the terminal instead.", file=sys.stderr)
-    stack = _load(choose_model(args.model).source, args.device or default_device())
+    prepared = _prepare(args, sys.stdout)
+    _refuse_duplex(prepared, "(the check turn)")
+    stack = _load(args, prepared, sys.stdout)
+    args.doing = "the check turn"
     t = torch.arange(int(1.5 * stack.features.sampling_rate)) / stack.features.sampling_rate
     wave = (0.3 * torch.sin(2 * torch.pi * 180 * t) * torch.sin(torch.pi * t / 1.5)).float()
     reply = generate_reply(stack, wave, max_text_tokens=24, max_codec_tokens=100)
@@ -316,11 +685,51 @@ def cmd_default(args) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="omnidesk", description="A local voice assistant (Qwen2.5-Omni).")
-    # None = choose: the window's last pick, else a cached checkpoint, else the demo (cmd_default)
-    parser.add_argument("--model", help="checkpoint dir, cached repo id, or 'demo' (default: the best available)")
-    parser.add_argument("--device", help="cpu or cuda (default: cuda when available)")
+MODEL_HELP = ("checkpoint folder (Qwen2.5-Omni or Moshi), cached repo id (e.g. Qwen/Qwen2.5-Omni-7B), 'demo' or "
+              "'moshi-demo' (the tiny Moshi demo, made on first use); default: the model "
+              "picked in the window last time, else the smallest intact Qwen2.5-Omni checkpoint in the Hugging "
+              "Face cache, else the demo model (its replies are noise)")
+DEVICE_HELP = "cpu or cuda[:N]; default: cuda when torch can use a GPU, else cpu"
+BOTH_HELP = (" May also be given before the command (omnidesk {opt} ... reply ...); giving it before and after "
+             "the command with different values is an error.")
+
+
+def _model_options(p: argparse.ArgumentParser, device: bool = True) -> None:
+    """--model/--device of a command; they land in sub_model/sub_device and are merged with the
+    top-level options by :func:`_merge_options`."""
+    p.add_argument("--model", dest="sub_model", metavar="MODEL",
+                   help=MODEL_HELP + "." + BOTH_HELP.format(opt="--model"))
+    if device:
+        p.add_argument("--device", dest="sub_device", metavar="DEVICE",
+                       help=DEVICE_HELP + "." + BOTH_HELP.format(opt="--device"))
+
+
+def _merge_options(args) -> None:
+    """Apply the top-level --model/--device to the command; refuse them where they mean nothing."""
+    command = " ".join(c for c in (args.command, getattr(args, "models_command", None)) if c)
+    for name in ("model", "device"):
+        top = getattr(args, name)
+        if not hasattr(args, f"sub_{name}"):
+            if top is not None and args.command is not None:
+                raise UsageError(f"--{name} does not apply to `omnidesk {command}`")
+            continue
+        sub = getattr(args, f"sub_{name}")
+        if top is not None and sub is not None and top != sub:
+            raise UsageError(f"--{name} given twice with different values ('{top}' before `{command}`, "
+                             f"'{sub}' after it); give it once")
+        setattr(args, name, sub if sub is not None else top)
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="omnidesk", description="A local voice assistant (Qwen2.5-Omni).",
+        epilog="Without a command: the desktop window.  Errors: one line starting 'error:' on stderr; exit code "
+               f"2 for a problem you can fix (a file, a device, a checkpoint), 1 for anything else (set "
+               f"{DEBUG_ENV}=1 for the traceback).")
+    parser.add_argument("--model", help=MODEL_HELP + ". Applies to the window, reply, talk, live, bench and "
+                                                     "models verify; a command's own --model must not differ.")
+    parser.add_argument("--device", help=DEVICE_HELP + ". Applies to the window, reply, talk, live and bench; "
+                                                       "a command's own --device must not differ.")
     parser.add_argument("--install-desktop-entry", action="store_true",
                         help="add OmniDesk to this user's desktop menu (entry + icons) and exit")
     sub = parser.add_subparsers(dest="command")
@@ -330,12 +739,17 @@ def main(argv: list[str] | None = None) -> int:
     demo = msub.add_parser("make-demo", help="write the tiny random demo checkpoint (its replies are noise)")
     demo.add_argument("--dir", help="where to write it (default: the user cache dir)")
     demo.add_argument("--force", action="store_true", help="rewrite even if it exists")
+    demo.add_argument("--family", help="which model family's demo: qwen2_5_omni (default, named 'demo') or moshi "
+                                       "(full duplex, named 'moshi-demo')")
     demo.set_defaults(func=cmd_make_demo)
-    mlist = msub.add_parser("list", help="Qwen2.5-Omni checkpoints found locally (HF cache and --dir folders)")
+    mlist = msub.add_parser("list", help="Qwen2.5-Omni checkpoints found locally (HF cache, --dir folders, "
+                                         "and the demo model once made)")
     mlist.add_argument("--dir", action="append", help="also look in this folder (repeatable)")
     mlist.set_defaults(func=cmd_models_list)
     mverify = msub.add_parser("verify", help="check a checkpoint: files, headers, tensor names/shapes, a load test")
-    mverify.add_argument("path", help="checkpoint folder or cached repo id")
+    mverify.add_argument("path", nargs="?", help="checkpoint folder, cached repo id, or 'demo' "
+                                                 "(default: the model the other commands would use)")
+    _model_options(mverify, device=False)
     mverify.add_argument("--no-load-test", action="store_true")
     mverify.set_defaults(func=cmd_models_verify)
     mdl = msub.add_parser("download", help="download Qwen/Qwen2.5-Omni-3B or -7B (only when you ask; resumable)")
@@ -348,10 +762,11 @@ def main(argv: list[str] | None = None) -> int:
     doctor = sub.add_parser("doctor", help="check Python, torch/GPU, audio, Qt and models, and say what to fix")
     doctor.set_defaults(func=cmd_doctor)
 
-    reply = sub.add_parser("reply", help="answer one spoken question from a 16 kHz WAV file")
-    reply.add_argument("--model", default="demo")
-    reply.add_argument("--device", default="cpu")
-    reply.add_argument("--input", required=True, help="16 kHz WAV file with the question")
+    reply = sub.add_parser("reply", help="answer one spoken question from a sound file")
+    _model_options(reply)
+    reply.add_argument("--input", required=True,
+                       help="WAV file with the question (any rate and channel count: mixed to mono and resampled)")
+    reply.add_argument("--no-vad", action="store_true", help="do not refuse a file in which webrtcvad hears no speech")
     reply.add_argument("--voice", help="voice name from the checkpoint's spk_dict.pt")
     reply.add_argument("--greedy", action="store_true", help="greedy decoding (reference do_sample=False)")
     reply.add_argument("--seed", type=int, default=0)
@@ -361,13 +776,14 @@ def main(argv: list[str] | None = None) -> int:
     reply.set_defaults(func=cmd_reply)
 
     talk = sub.add_parser("talk", help="a scripted conversation from WAV files through the engine")
-    talk.add_argument("--model", default="demo")
-    talk.add_argument("--device", default="cpu")
-    talk.add_argument("--input", action="append", required=True, help="16 kHz WAV, one user utterance (repeatable)")
+    _model_options(talk)
+    talk.add_argument("--input", action="append", required=True,
+                      help="WAV file, one user utterance (repeatable; any rate and channel count)")
     talk.add_argument("--barge-in", help="SECONDS:FILE.wav played into the mic that long after the first reply starts")
     talk.add_argument("--interrupt-after", type=float, metavar="MS",
                       help="stop the first reply MS after it starts playing, as the stop button does")
-    talk.add_argument("--no-vad", action="store_true", help="each input file is exactly one turn")
+    talk.add_argument("--no-vad", action="store_true",
+                      help="each input file is exactly one turn (and is not checked for speech)")
     talk.add_argument("--vad", choices=("webrtc", "energy"), default="webrtc",
                       help="speech detector: webrtcvad (as the app) or a plain energy threshold")
     talk.add_argument("--greedy", action="store_true")
@@ -381,8 +797,7 @@ def main(argv: list[str] | None = None) -> int:
     talk.set_defaults(func=cmd_talk)
 
     live = sub.add_parser("live", help="a conversation on real audio devices in the terminal")
-    live.add_argument("--model", default="demo")
-    live.add_argument("--device", default="cpu")
+    _model_options(live)
     live.add_argument("--input-device", help="microphone: name (or part of it) or index (default: system default)")
     live.add_argument("--output-device", help="speaker: name (or part of it) or index (default: system default)")
     live.add_argument("--list-devices", action="store_true", help="list audio devices and exit")
@@ -397,16 +812,40 @@ def main(argv: list[str] | None = None) -> int:
     live.set_defaults(func=cmd_live)
 
     bench = sub.add_parser("bench", help="latency and throughput benchmark, JSON (vs transformers when installed)")
-    bench.add_argument("--model", default="demo")
-    bench.add_argument("--device", default="cpu")
+    _model_options(bench)
     bench.add_argument("--turns", type=int, default=3, help="real-time turns per configuration")
     bench.add_argument("--interrupts", type=int, default=50)
     bench.add_argument("--no-transformers", action="store_true", help="skip the transformers side")
     bench.add_argument("--out", help="also write the JSON here")
     bench.set_defaults(func=cmd_bench)
+    return parser
 
-    args = parser.parse_args(argv)
+
+def _log_traceback(error: BaseException, argv: list[str]) -> Path | None:
+    """Append the traceback to the log file the window uses; its path, or None if it cannot be written."""
+    import traceback
+
+    from omnidesk.gui.errors import LOG_NAME, default_log_dir
+
+    path = default_log_dir() / LOG_NAME
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} ERROR omnidesk.cli "
+                    f"`omnidesk {' '.join(argv)}` failed\n")
+            f.write("".join(traceback.format_exception(type(error), error, error.__traceback__)))
+    except OSError:
+        return None
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = _build_parser().parse_args(argv)
+    from omnidesk.audio.device import AudioDeviceError
+    from omnidesk.models.choice import DeviceError
     from omnidesk.models.config import ConfigError
+    from omnidesk.models.features import FeatureConfigError
     from omnidesk.models.loading import CheckpointError
     from omnidesk.models.tokenizer import TokenizerError
 
@@ -416,11 +855,26 @@ def main(argv: list[str] | None = None) -> int:
         for path in install_desktop_entry():
             print(f"installed {path}")
         return 0
+    args.doing = f"omnidesk {args.command or ''}".strip()
     try:
+        _merge_options(args)
         return args.func(args) if getattr(args, "func", None) else cmd_default(args)
-    except (CheckpointError, ConfigError, TokenizerError, KeyError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    except (UsageError, DeviceError, CheckpointError, ConfigError, FeatureConfigError, TokenizerError,
+            AudioDeviceError) as e:
+        print(f"error: {str(e).strip() or type(e).__name__}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:
+        if os.environ.get(DEBUG_ENV, "") not in ("", "0"):
+            raise
+        first = (str(e).strip().splitlines() or [""])[0]
+        print(f"error: {args.doing} failed: {type(e).__name__}{': ' + first if first else ''}", file=sys.stderr)
+        log = _log_traceback(e, argv)
+        print(f"details: {f'the traceback is in {log}; ' if log else ''}rerun with {DEBUG_ENV}=1 "
+              f"to print it here", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

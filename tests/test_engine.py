@@ -211,3 +211,44 @@ def test_engine_thread_runs_the_engine_off_the_caller_thread(stack, speech_like)
         assert state == TurnState.USER_SPEAKING and turns == 1
     finally:
         thread.stop()
+
+
+def test_stop_during_a_held_preemptive_reply_then_the_endpoint_listens_again(stack, speech_like):
+    """Stop pressed in the pause before the endpoint (the reply is computing, held): the endpoint
+    must not wait for a reply that no longer exists; the next utterance gets its reply."""
+    from omnidesk.engine.vad import Endpointer, EnergyVAD
+
+    async def go():
+        ex = _executor(stack)
+        speaker = VirtualSpeaker(sample_rate=ex.sample_rate_out, block=960)
+        engine = Engine(ex, Endpointer(EnergyVAD(), sample_rate=16000), speaker, EngineConfig(),
+                        Timeline(model={}, device="cpu"))
+        t = 0.0
+
+        async def feed(wave):
+            nonlocal t
+            for i in range(0, wave.size - 639, 640):
+                speaker.tick()
+                await engine.on_frame(wave[i:i + 640], t)
+                await engine.settle()
+                t += 0.04
+
+        await feed(_wave(speech_like, 1.0, 3))
+        silence = np.zeros(640, np.float32)
+        while engine.state != TurnState.PREEMPTING:
+            await feed(silence)
+        await engine.interrupt(onset=engine.now, confirmed=engine.now)  # the Stop button
+        await feed(np.zeros(640 * 15, np.float32))  # past the endpoint
+        stuck_state = engine.state
+        await feed(_wave(speech_like, 1.0, 4))
+        for _ in range(400):
+            if engine.idle and len(engine.timeline.turns) == 2:
+                break
+            await feed(silence)
+        engine.close()
+        return stuck_state, engine
+
+    stuck_state, engine = asyncio.run(go())
+    assert stuck_state == TurnState.LISTENING
+    first, second = engine.timeline.turns
+    assert first.interrupted and second.events["reply_done"] is not None and second.codec_token_ids

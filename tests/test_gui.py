@@ -324,6 +324,50 @@ def test_errors_are_plain_words_with_details_in_the_log(qtbot, settings, tmp_pat
     assert oom.startswith("Not enough GPU memory") and "/models/7b" not in oom and "3B" in oom
 
 
+def test_a_failed_reply_is_shown_and_the_conversation_goes_on(qtbot, settings, tmp_path, demo_dir, monkeypatch):
+    from omnidesk.models.bigvgan import BigVGAN
+
+    calls = []
+    original = BigVGAN.forward
+
+    def failing_second_chunk(self, *args, **kwargs):  # the vocoder dies while the first chunk plays
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("injected vocoder failure")
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(BigVGAN, "forward", failing_second_chunk)
+    log_path = setup_logging(tmp_path / "state")
+    try:
+        w = open_window(qtbot, settings, tmp_path, str(demo_dir))
+        wait_listening(qtbot, w)
+        say(qtbot, w)
+        qtbot.waitUntil(lambda: w.error_banner.isVisible(), timeout=60000)
+        text = w.error_banner.text
+        assert "failed in the vocoder" in text and "injected vocoder failure" in text and "Traceback" not in text
+        assert "Open the log" in w.error_banner.buttons and "Retry" not in w.error_banner.buttons
+        assert "injected vocoder failure" in log_path.read_text() and "Traceback" in log_path.read_text()
+        qtbot.waitUntil(lambda: turn(w, 1) is not None and turn(w, 1).failed is not None, timeout=10000)
+        w.paint()
+        assert "This turn was dropped" in w.transcript.toPlainText()
+        wait_listening(qtbot, w)  # not stuck in "thinking"
+
+        say(qtbot, w)  # the next turn works, and the banner goes once it has
+        qtbot.waitUntil(lambda: turn(w, 2) is not None and turn(w, 2).done, timeout=60000)
+        assert turn(w, 2).text and not w.error_banner.isVisible()
+        qtbot.waitUntil(lambda: len(w.timeline_dict()["turns"]) == 2)
+        data = w.timeline_dict()
+        validate(data)
+        assert data["turns"][0]["error"]["stage"] == "vocoder" and "error" not in data["turns"][1]
+        close_window(w)
+    finally:
+        import logging
+
+        for h in list(logging.getLogger("omnidesk").handlers):
+            logging.getLogger("omnidesk").removeHandler(h)
+            h.close()
+
+
 class AudioDeviceError(RuntimeError):
     """Stands in for omnidesk.audio.device.AudioDeviceError (matched by name)."""
 

@@ -131,15 +131,30 @@ def build_reference(variant: str = "a", seed: int = 0):
     return model
 
 
-def write_speakers(path: Path, thinker_vocab_bos: int, seed: int = 0) -> None:
+# The published spk_dict.pt (Qwen2.5-Omni-3B/7B): per voice an int bos_token, cond [1, 192] and
+# ref_mel [1, 400, 80] - batched.  Chelsie comes first (the reference's default speaker).
+VOICE_NAMES = ("Chelsie", "Ethan")
+VOICE_REF_FRAMES = 400
+
+
+def speakers(bos_tokens: dict[str, int], seed: int = 0, cond_dim: int = 192, mel_dim: int = 80,
+             batched: bool = True) -> dict:
+    """spk_dict.pt contents in the published layout (``batched=False``: the unbatched shapes)."""
     g = torch.Generator().manual_seed(seed + 7)
-    speakers = {
-        "Chelsie": {"bos_token": thinker_vocab_bos, "cond": torch.randn(192, generator=g),
-                    "ref_mel": torch.randn(120, 80, generator=g)},
-        "Ethan": {"bos_token": thinker_vocab_bos + 1, "cond": torch.randn(192, generator=g),
-                  "ref_mel": torch.randn(96, 80, generator=g)},
-    }
-    torch.save(speakers, path / "spk_dict.pt")
+    out = {}
+    for name, bos in bos_tokens.items():
+        cond = torch.randn(1, cond_dim, generator=g)
+        ref_mel = torch.randn(1, VOICE_REF_FRAMES, mel_dim, generator=g)
+        out[name] = {"bos_token": int(bos), "cond": cond if batched else cond[0],
+                     "ref_mel": ref_mel if batched else ref_mel[0]}
+    return out
+
+
+def write_speakers(path: Path, thinker_vocab_bos: int, seed: int = 0) -> None:
+    """spk_dict.pt in the published layout; bos ids are thinker-vocabulary ids (the real ones:
+    Chelsie 151872, Ethan 151870)."""
+    bos = {name: thinker_vocab_bos + i for i, name in enumerate(VOICE_NAMES)}
+    torch.save(speakers(bos, seed), Path(path) / "spk_dict.pt")
 
 
 def write_checkpoint(path: Path, variant: str = "a", seed: int = 0, max_shard_size: str | None = None):

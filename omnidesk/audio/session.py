@@ -34,6 +34,7 @@ from typing import Callable
 
 import numpy as np
 
+from omnidesk.engine.duplex import DuplexEngine, make_engine, session_rate
 from omnidesk.engine.engine import Engine, EngineConfig, EngineThread, TurnState
 from omnidesk.engine.executor import Executor
 from omnidesk.engine.rates import TimedExecutor
@@ -96,7 +97,7 @@ class LiveSession:
         self.engine_config = engine_config or EngineConfig()
         self.on_update = on_update or (lambda kind, payload: None)
         self.timeline = timeline or Timeline(model={}, device="cpu")
-        self.engine: Engine | None = None
+        self.engine: Engine | DuplexEngine | None = None
         self.audio: AudioIO | None = None
         self.aec = None
         self._thread: EngineThread | None = None
@@ -121,7 +122,7 @@ class LiveSession:
         from omnidesk.audio.vad import WebRtcVAD
 
         s = self.settings
-        rate_in = self.ex.sample_rate_in
+        rate_in = session_rate(self.ex)
         audio = AudioIO(s.input_device, s.output_device, model_out_rate=self.ex.sample_rate_out,
                         block_ms=s.block_ms, latency_s=s.latency_s,
                         speaker_capacity_s=self.engine_config.max_audio_ahead_s + 3.0)
@@ -140,15 +141,15 @@ class LiveSession:
         detector = WebRtcVAD(s.vad_aggressiveness, rate_in)
         endpointer = Endpointer(detector, s.endpointer_config(), rate_in)
 
-        async def make_engine():
+        async def new_engine():
             if new_conversation:
                 self.ex.reset_conversation()
-            engine = Engine(self.ex, endpointer, audio.speaker, self.engine_config, self.timeline, self._forward)
+            engine = make_engine(self.ex, endpointer, audio.speaker, self.engine_config, self.timeline, self._forward)
             engine.interrupt_after_s, self._interrupt_after = self._interrupt_after, None
             return engine
 
         try:
-            self.engine = self._thread.call(make_engine()).result(timeout=10)
+            self.engine = self._thread.call(new_engine()).result(timeout=10)
         except Exception:
             self.close()
             raise
@@ -266,7 +267,7 @@ class LiveSession:
     async def _drive(self) -> None:
         import soxr
 
-        audio, engine, rate_in = self.audio, self.engine, self.ex.sample_rate_in
+        audio, engine, rate_in = self.audio, self.engine, session_rate(self.ex)
         frame_n = rate_in * FRAME_MS // 1000
         # the same filter on both paths keeps the reference aligned with the capture
         rs_mic = soxr.ResampleStream(audio.rate, rate_in, 1, dtype="float32", quality="HQ")

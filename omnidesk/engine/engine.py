@@ -22,6 +22,12 @@ tokens ahead of the talker, and generation pauses while more than
 ``max_audio_ahead_s`` of audio waits to be played, so memory stays flat in
 long replies.
 
+Failures.  An exception in any stage (encoder, thinker, talker, vocoder, voice,
+speaker) ends its turn as failed instead of killing a task silently: playback
+stops, the executor forgets the turn (``abandon_turn``), the turn gets an
+``error`` record {stage, message, t} in the timeline, ``on_update("error",
+TurnFailure)`` is sent once, ``failure`` holds it, and the engine listens again.
+
 Driving.  Something must call :meth:`Engine.on_frame` every 40 ms with a mic
 frame and tick the speaker: the real-time audio layer, ``omnidesk talk``'s
 scripted microphone, or a test.  With ``realtime=False`` the driver awaits
@@ -34,19 +40,22 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import enum
+import logging
 import threading
 from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
 
-from .executor import Executor, StepResult
+from .executor import Executor, StageError, StepResult, stage
 from .speaker import VirtualSpeaker
 from .timeline import BargeIn, Timeline, TurnTimeline
 from .vad import Endpoint, Endpointer, OnsetCancelled, Pause, Resume, SpeechOnset, SpeechStart
 
 
 STARTUP_WINDOW_S = 1.5  # playback time over which a reply's start-up gaps are measured
+
+log = logging.getLogger("omnidesk.engine")
 
 
 class TurnState(enum.Enum):
@@ -84,6 +93,24 @@ class EngineStats:
     barge_ins: int = 0
     false_barge_ins: int = 0
     steps: int = 0
+    failed_turns: int = 0
+
+
+@dataclass(frozen=True)
+class TurnFailure:
+    """A turn that failed: the stage that raised (executor.STAGES) and what it said.
+
+    Sent to ``on_update("error", failure)``; ``str()`` is the sentence a user reads."""
+
+    stage: str
+    message: str
+    t: float  # session time of the failure
+    turn: TurnTimeline | None
+    conversation_kept: bool  # False: the failure left the model's state unusable and it was cleared
+
+    def __str__(self) -> str:
+        rest = "the conversation goes on" if self.conversation_kept else "the conversation was cleared"
+        return f"the reply failed in the {self.stage}: {self.message} (that turn was dropped; {rest})"
 
 
 @dataclass
@@ -129,10 +156,18 @@ class Engine:
         # "Interrupt after X ms" (reproducible manual tests): the current or next reply is cut this
         # long after its playback started, by the stop-button path.  One-shot; set from any thread.
         self.interrupt_after_s: float | None = None
+        self.failure: TurnFailure | None = None  # the latest failed turn (``talk`` stops at the first)
 
     # ------------------------------------------------------------------ helpers
-    async def _work(self, fn, *args):
-        return await self._loop.run_in_executor(self._pool, fn, *args)
+    async def _work(self, fn, *args, at: str = "engine"):
+        """Run ``fn`` on the worker; an exception comes back tagged with its stage (``at`` unless
+        the executor tagged it more precisely)."""
+        try:
+            return await self._loop.run_in_executor(self._pool, fn, *args)
+        except (StageError, asyncio.CancelledError):
+            raise
+        except Exception as e:  # noqa: BLE001 - re-raised with its stage
+            raise StageError(at, e) from e
 
     def _set_state(self, state: TurnState) -> None:
         if state != self.state:
@@ -160,7 +195,16 @@ class Engine:
 
     # ------------------------------------------------------------------ input side
     async def on_frame(self, frame: np.ndarray, t: float) -> None:
-        """One 40 ms mic frame starting at session time ``t``."""
+        """One 40 ms mic frame starting at session time ``t``.  A failure in the listening path
+        (encoding, prefill, a rollback) fails the current turn; it never escapes to the driver."""
+        try:
+            await self._on_frame(frame, t)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # noqa: BLE001 - reported as a failed turn
+            await self._fail(e, self._reply)
+
+    async def _on_frame(self, frame: np.ndarray, t: float) -> None:
         self.now = t + len(frame) / self.endpointer.sample_rate
         if self._echo_tail_until is not None and self.now >= self._echo_tail_until:
             self._echo_tail_until = None
@@ -197,7 +241,7 @@ class Engine:
         elif isinstance(ev, Pause):
             if self.state == TurnState.USER_SPEAKING and cfg.preemptive:
                 await self._feed_audio()
-                mark = await self._work(self.ex.mark)
+                mark = await self._work(self.ex.mark, at="thinker")
                 self._start_reply(held=True, mark=mark)
                 self._set_state(TurnState.PREEMPTING)
         elif isinstance(ev, Resume):
@@ -214,7 +258,9 @@ class Engine:
             elif self.state == TurnState.USER_SPEAKING:
                 await self._feed_audio()
                 self._start_reply(held=False)
-            self._set_state(TurnState.RESPONDING)
+            # a held preemptive reply stopped before the endpoint (Stop pressed during the pause)
+            # leaves nothing to respond with: listen again instead of waiting for a reply
+            self._set_state(TurnState.RESPONDING if self._reply is not None else TurnState.LISTENING)
             self.endpointer.reset()
 
     def _trimmed_utterance(self, ev: Endpoint) -> np.ndarray:
@@ -231,7 +277,7 @@ class Engine:
         self._turn = self.timeline.new_turn()
         self._turn.user_speech_start = t_start
         self._fed = 0
-        await self._work(self.ex.begin_user_turn)
+        await self._work(self.ex.begin_user_turn, at="thinker")
         self._set_state(TurnState.USER_SPEAKING)
         self.on_update("turn", self._turn)
 
@@ -241,7 +287,7 @@ class Engine:
         new = self.endpointer.new_audio_since(self._fed)[:max(0, self.endpointer.committed_samples - self._fed)]
         if new.size:
             self._fed += new.size
-            await self._work(self.ex.add_user_audio, new)
+            await self._work(self.ex.add_user_audio, new, at="thinker")
 
     async def _discard_preemptive(self) -> None:
         reply = self._reply
@@ -250,7 +296,7 @@ class Engine:
             reply.task.cancel()
         # the executor is back at the mark, which was taken right after feeding self._fed samples;
         # what came since (the pause) is fed below
-        await self._work(self.ex.rollback, reply.mark)
+        await self._work(self.ex.rollback, reply.mark, at="thinker")
         self.stats.preemptive_discarded += 1
         self._turn.extra["preemptive_discarded"] = self._turn.extra.get("preemptive_discarded", 0) + 1
         for name in ("audio_encoded", "prefill_done", "first_text_token", "first_codec_token",
@@ -284,11 +330,12 @@ class Engine:
                 return
         while reply.pending:
             chunk = reply.pending[0]
-            if not reply.on_speaker:
-                self.speaker.start_reply()
-                reply.on_speaker = True
-            if not self.speaker.write(chunk):
-                return
+            with stage("speaker"):
+                if not reply.on_speaker:
+                    self.speaker.start_reply()
+                    reply.on_speaker = True
+                if not self.speaker.write(chunk):
+                    return
             reply.pending.pop(0)
 
     def _audio_ahead(self, reply: _Reply) -> float:
@@ -300,26 +347,29 @@ class Engine:
         ex = self.ex
         out = StepResult()
         if not ex.thinker_done and lead_ok:
-            out.text_token = ex.thinker_step()
-        out.codec_token = ex.talker_step()
-        if ex.talker_done:
-            out.audio = ex.vocoder_step(final=True)
-        elif out.codec_token is not None:
-            out.audio = ex.vocoder_step()
+            with stage("thinker"):
+                out.text_token = ex.thinker_step()
+        with stage("talker"):
+            out.codec_token = ex.talker_step()
+        with stage("vocoder"):
+            if ex.talker_done:
+                out.audio = ex.vocoder_step(final=True)
+            elif out.codec_token is not None:
+                out.audio = ex.vocoder_step()
         return out
 
     async def _run_reply(self, reply: _Reply) -> None:
         turn = reply.turn
         try:
-            prompt = await self._work(self.ex.end_user_turn)
+            prompt = await self._work(self.ex.end_user_turn, at="thinker")
             t = self.now
             turn.prompt_token_ids = list(prompt)
             overflows = self.ex.take_overflows()
             if overflows:  # the conversation outgrew the cache: old turns were dropped this turn
-                turn.extra["cache_overflow"] = overflows
+                turn.extra.setdefault("cache_overflow", []).extend(overflows)  # a discarded start may have some
             turn.mark("audio_encoded", t)
             turn.mark("prefill_done", t)
-            await self._work(self.ex.start_reply, self.config.voice, self.config.seed)
+            await self._work(self.ex.start_reply, self.config.voice, self.config.seed, at="thinker")
             while True:
                 if self._audio_ahead(reply) > self.config.max_audio_ahead_s:
                     self._progress.set()  # blocked on playback
@@ -357,15 +407,58 @@ class Engine:
             if reply.on_speaker:
                 self.speaker.end_reply()
             turn.played_audio_s = self._heard(reply) / self.ex.sample_rate_out
-            await self._work(self.ex.finish_reply)
+            await self._work(self.ex.finish_reply, at="thinker")
             if self._reply is reply:
                 self._reply = None
                 self._set_state(TurnState.LISTENING)
             self.on_update("done", turn)
         except asyncio.CancelledError:
             raise
+        except Exception as e:  # noqa: BLE001 - reported as a failed turn
+            if self._reply is reply:  # else the reply was already stopped (interrupt, another failure)
+                await self._fail(e, reply)
         finally:
             self._progress.set()
+
+    async def _fail(self, error: Exception, reply: _Reply | None) -> None:
+        """End the current turn as failed: silence, forget the turn, record it, tell the UI, listen."""
+        stage_name = error.stage if isinstance(error, StageError) else "engine"
+        cause = error.cause if isinstance(error, StageError) else error
+        log.error("turn failed in the %s", stage_name, exc_info=cause)
+        turn = reply.turn if reply is not None else self._turn
+        if reply is not None:
+            self._reply = None
+            heard = self._heard(reply)
+            if reply.task is not None and reply.task is not asyncio.current_task():
+                reply.task.cancel()
+            if reply.on_speaker:
+                try:
+                    self.speaker.flush()
+                except Exception:  # noqa: BLE001 - the speaker itself may be what failed
+                    log.exception("cannot flush the speaker after a failure")
+        try:
+            kept = await self._loop.run_in_executor(self._pool, self.ex.abandon_turn)
+        except Exception:  # noqa: BLE001 - last resort: a fresh conversation
+            log.exception("cannot drop the failed turn; clearing the conversation")
+            await self._loop.run_in_executor(self._pool, self.ex.reset_conversation)
+            kept = False
+        message = str(error) if isinstance(error, StageError) else f"{type(error).__name__}: {error}"
+        overflows = self.ex.take_overflows()  # drops this turn made before it failed stay reported
+        if overflows and turn is not None:
+            turn.extra.setdefault("cache_overflow", []).extend(overflows)
+        failure = TurnFailure(stage=stage_name, message=message, t=self.now, turn=turn, conversation_kept=kept)
+        if turn is not None:
+            turn.extra["error"] = {"stage": stage_name, "message": message, "t": self.now,
+                                   "conversation_kept": kept}
+            if reply is not None:
+                turn.reply_audio_s = reply.produced_samples / self.ex.sample_rate_out
+                turn.played_audio_s = heard / self.ex.sample_rate_out
+        self.failure = failure
+        self.stats.failed_turns += 1
+        self._onset = self._paused_at = None
+        self.endpointer.reset()
+        self._set_state(TurnState.LISTENING)
+        self.on_update("error", failure)
 
     def _heard(self, reply: _Reply) -> int:
         """Samples of this reply that reached the speaker (the playhead belongs to the speaker's current reply)."""
@@ -409,6 +502,14 @@ class Engine:
     # ------------------------------------------------------------------ barge-in
     async def interrupt(self, onset: float | None = None, confirmed: float | None = None) -> None:
         """Stop the reply now (barge-in or the stop button) and keep only what was heard."""
+        try:
+            await self._interrupt(onset, confirmed)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # noqa: BLE001 - the rollback failed: the turn is dropped instead
+            await self._fail(e, None)
+
+    async def _interrupt(self, onset: float | None, confirmed: float | None) -> None:
         reply = self._reply
         if reply is None:
             return
@@ -423,7 +524,9 @@ class Engine:
         turn.played_audio_s = heard / self.ex.sample_rate_out
         turn.reply_audio_s = reply.produced_samples / self.ex.sample_rate_out
         turn.text = self.ex.decode(turn.text_token_ids)
-        rb = await self._work(self.ex.interrupt, heard)
+        rb = await self._work(self.ex.interrupt, heard, at="thinker")
+        if overflows := self.ex.take_overflows():  # cut during the prefill: its end_user_turn may have made room
+            turn.extra.setdefault("cache_overflow", []).extend(overflows)
         if not turn.prompt_token_ids:  # cut during the prefill: the executor closed the turn
             turn.prompt_token_ids = list(self.ex.turn_prompt_ids)
         if self._paused_at is not None:  # a voice barge-in: playback was paused at the speech onset

@@ -16,6 +16,11 @@ A conversation is a sequence of turns.  For each user turn the engine calls
     then, until reply_done: thinker_step() / talker_step() / vocoder_step()
     finish_reply()  or  interrupt(heard_samples)
 
+If any call raises, the engine calls ``abandon_turn()``: the executor forgets the
+failed turn (its audio, prompt and reply) and is back where the turn began, so
+the conversation goes on.  Executors tag their exceptions with the stage they
+come from (``with stage("vocoder"): ...``); the engine reports it.
+
 ``mark()`` / ``rollback(mark)`` undo everything since the mark in O(1) (a
 preemptive reply whose user kept talking).  What each family must define is
 listed as abstract methods below; a Qwen3-Omni executor would expand its 16
@@ -26,9 +31,34 @@ its depth transformer there, each with its own vocoder in ``vocoder_step``.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import numpy as np
+
+
+STAGES = ("encoder", "thinker", "talker", "vocoder", "voice", "speaker", "engine")
+
+
+class StageError(RuntimeError):
+    """A failure in one stage of the pipeline (one of :data:`STAGES`), wrapping the original error."""
+
+    def __init__(self, stage: str, cause: BaseException):
+        self.stage = stage
+        self.cause = cause
+        text = str(cause).strip() or "no message"
+        super().__init__(f"{type(cause).__name__}: {text}")
+
+
+@contextmanager
+def stage(name: str):
+    """Tag any exception raised inside with the stage it came from (the innermost tag wins)."""
+    try:
+        yield
+    except StageError:
+        raise
+    except Exception as e:  # noqa: BLE001 - re-raised with its stage
+        raise StageError(name, e) from e
 
 
 @dataclass
@@ -125,6 +155,14 @@ class Executor(ABC):
     def take_overflows(self) -> list[dict]:
         """Cache-full events since the last call (old turns dropped and the rest re-prefilled)."""
         return []
+
+    def abandon_turn(self) -> bool:
+        """A turn failed part-way: forget it and its reply, back to the conversation before it.
+
+        Returns True when the earlier conversation was kept, False when it had to be cleared
+        (the default, for executors that cannot tell how far a failure got)."""
+        self.reset_conversation()
+        return False
 
     @property
     @abstractmethod

@@ -15,6 +15,7 @@ from omnidesk.models.loading import OmniStack
 from omnidesk.models.reply import SPEECH_SYSTEM_PROMPT
 from omnidesk.models.sampling import SamplingParams
 
+from .executor import stage
 from .executors.qwen2_5_omni import QwenOmniExecutor
 
 
@@ -31,19 +32,23 @@ def generate_reply(stack: OmniStack, waveform: torch.Tensor, voice: str | None =
                    thinker_sampling: SamplingParams | None = None, talker_sampling: SamplingParams | None = None,
                    max_text_tokens: int = 256, max_codec_tokens: int = 2048, seed: int = 0, speak: bool = True,
                    system_prompt: str = SPEECH_SYSTEM_PROMPT) -> Reply:
-    """One turn for a whole utterance (16 kHz mono); the thinker's sampling defaults to greedy."""
+    """One turn for a whole utterance (16 kHz mono); the thinker's sampling defaults to greedy.
+
+    A failure raises :class:`~omnidesk.engine.executor.StageError` naming its stage."""
     ex = QwenOmniExecutor(stack, max_reply_tokens=max_text_tokens, max_codec_tokens=max_codec_tokens,
                           system_prompt=system_prompt,
                           thinker_sampling=thinker_sampling or SamplingParams(greedy=True),
                           talker_sampling=talker_sampling)
-    ex.begin_user_turn()
-    ex.add_user_audio(waveform.detach().cpu().float().numpy())
-    reply = Reply(prompt_ids=list(ex.end_user_turn()))
-    ex.start_reply(voice, seed)
-    while not ex.thinker_done:
-        ex.thinker_step()
-    while speak and not ex.talker_done:
-        ex.talker_step()
+    with stage("thinker"):  # the encoder and the voice tag their own failures
+        ex.begin_user_turn()
+        ex.add_user_audio(waveform.detach().cpu().float().numpy())
+        reply = Reply(prompt_ids=list(ex.end_user_turn()))
+        ex.start_reply(voice, seed)
+        while not ex.thinker_done:
+            ex.thinker_step()
+    with stage("talker"):
+        while speak and not ex.talker_done:
+            ex.talker_step()
     reply.text_ids, reply.codec_ids = ex.reply_text_ids, ex.reply_codec_ids
     reply.text = stack.tokenizer.decode(reply.text_ids)
     return reply

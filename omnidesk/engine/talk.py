@@ -6,7 +6,9 @@ playing (plus a short gap), paced in real time (or as fast as possible with
 ``realtime=False``, for tests and benchmarks).  ``barge_in=(seconds, audio)``
 mixes ``audio`` into the microphone ``seconds`` after the first reply started
 playing.  With ``no_vad`` every input is exactly one turn: it starts at the
-file's first sample and ends at its last.
+file's first sample and ends at its last.  The script stops at the first failed
+turn (``engine.failure``), with the timeline of the turns so far (unless
+``stop_on_failure`` is off: then the engine drops that turn and the script goes on).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .duplex import DuplexEngine, make_engine, session_rate
 from .engine import Engine, EngineConfig
 from .executor import Executor
 from .speaker import VirtualSpeaker
@@ -28,6 +31,11 @@ LEAD_SILENCE_S = 0.3  # before the first input
 GAP_S = 0.6  # after a reply finished playing, before the next input
 TAIL_S = 0.5  # after the last reply
 MAX_WAIT_S = 60.0  # give up waiting for a reply to finish
+DUPLEX_TAIL_S = 2.0  # a duplex model never "finishes": after the last input, listen this long
+
+
+class _TurnFailed(Exception):
+    """Raised inside run_script to stop at the first failed turn."""
 
 
 class ScriptedEndpointer(Endpointer):
@@ -87,20 +95,22 @@ class Script:
     barge_in: tuple[float, np.ndarray] | None = None
     no_vad: bool = False
     interrupt_after_s: float | None = None  # the stop button, this long into the first reply
+    stop_on_failure: bool = True  # False: a failed turn is dropped and the script goes on (as the app does)
 
 
 async def run_script(executor: Executor, script: Script, config: EngineConfig, timeline: Timeline,
                      realtime: bool = True, endpointer_config: EndpointerConfig | None = None,
-                     on_update=None, detector=None) -> tuple[Engine, VirtualSpeaker]:
+                     on_update=None, detector=None) -> tuple[Engine | DuplexEngine, VirtualSpeaker]:
     """``detector``: the per-frame speech detector (``omnidesk talk`` passes webrtcvad; the
     default, an energy threshold, suits synthetic test signals)."""
-    rate_in = executor.sample_rate_in
+    rate_in = session_rate(executor)
+    duplex = getattr(executor, "duplex", False)
     frame_in = int(round(FRAME_S * rate_in))
     speaker = VirtualSpeaker(sample_rate=executor.sample_rate_out, block=int(round(FRAME_S * executor.sample_rate_out)),
                              capacity_s=config.max_audio_ahead_s + 2.0)
     endpointer = ScriptedEndpointer(rate_in) if script.no_vad else \
         Endpointer(detector or EnergyVAD(), endpointer_config or EndpointerConfig(), rate_in)
-    engine = Engine(executor, endpointer, speaker, config, timeline, on_update)
+    engine = make_engine(executor, endpointer, speaker, config, timeline, on_update)
     engine.interrupt_after_s = script.interrupt_after_s
     t = 0.0
     start = time.monotonic()
@@ -123,6 +133,8 @@ async def run_script(executor: Executor, script: Script, config: EngineConfig, t
         # covering the same interval is only complete (and processed) at its end.
         speaker.tick()
         await engine.on_frame(frame, t)
+        if engine.failure is not None and script.stop_on_failure:
+            raise _TurnFailed
         mic_sample += frame.size
         t = mic_sample / rate_in  # from the sample count: no drift from summing 0.04
         if realtime:
@@ -136,29 +148,35 @@ async def run_script(executor: Executor, script: Script, config: EngineConfig, t
 
     async def wait_idle(extra_s: float) -> None:
         waited = 0.0
-        while not engine.idle and waited < MAX_WAIT_S:
+        # a duplex model talks when it likes (a random demo all the time): the script only paces it
+        while not duplex and not engine.idle and waited < MAX_WAIT_S:
             await tick(silence)
             waited += FRAME_S
         for _ in range(int(round(extra_s / FRAME_S))):
             await tick(silence)
 
-    for _ in range(int(round(LEAD_SILENCE_S / FRAME_S))):
-        await tick(silence)
-    for utterance in script.inputs:
-        if script.no_vad:
-            endpointer.begin()
-        padded = np.concatenate([utterance, np.zeros((-utterance.size) % frame_in, np.float32)])
-        for i in range(0, padded.size, frame_in):
-            await tick(padded[i:i + frame_in])
-        if script.no_vad:
-            endpointer.end()
+    try:
+        for _ in range(int(round(LEAD_SILENCE_S / FRAME_S))):
             await tick(silence)
-        await wait_idle(GAP_S)
-    # let a late barge-in happen, then let its reply finish
-    if overlay is not None or script.barge_in is not None:
-        await wait_idle(TAIL_S)
-    await wait_idle(TAIL_S)
-    engine.close()
+        for utterance in script.inputs:
+            if script.no_vad:
+                endpointer.begin()
+            padded = np.concatenate([utterance, np.zeros((-utterance.size) % frame_in, np.float32)])
+            for i in range(0, padded.size, frame_in):
+                await tick(padded[i:i + frame_in])
+            if script.no_vad:
+                endpointer.end()
+                await tick(silence)
+            await wait_idle(GAP_S)
+        # let a late barge-in happen, then let its reply finish
+        if overlay is not None or script.barge_in is not None:
+            await wait_idle(TAIL_S)
+        await wait_idle(DUPLEX_TAIL_S if duplex else TAIL_S)
+    except _TurnFailed:
+        pass  # the caller reports engine.failure; the timeline holds the turns so far
+    finally:
+        await engine.aclose()
+        engine.close()
     return engine, speaker
 
 
@@ -174,7 +192,10 @@ def latency_row(number: int, turn) -> str:
 
     ev = turn.events
     cut = "-"
-    if turn.interrupted:
+    error = turn.extra.get("error")
+    if error:
+        cut = f"FAILED in the {error['stage']}"
+    elif turn.interrupted:
         b = turn.barge_in
         cut = f"yes: kept {b.kept_text_tokens} tok, rolled back {b.rolled_back_tokens}"
     return (f"{number:4d}  {ms(turn.user_speech_end, turn.endpoint):>13}  "

@@ -10,6 +10,12 @@ first_audio_chunk, playback_start, reply_done}, ``prompt_token_ids``,
 ``text_token_ids``, ``codec_token_ids``, ``text``, ``reply_audio_s``,
 ``played_audio_s``, ``interrupted`` and ``barge_in`` (null unless interrupted).
 
+A failed turn (an exception in one of its stages; the engine drops the turn
+and listens again) carries ``error``: {``stage`` (encoder, thinker, talker,
+vocoder, voice, speaker or engine), ``message``, ``t`` (session time),
+``conversation_kept`` (false when the model state had to be cleared)}.  It is
+additive: a turn without it did not fail.  Its events stop where it failed.
+
 Times are seconds on the session monotonic clock (0 = first input frame).
 A time that did not happen is ``None``/``null``, never invented: that is why
 :meth:`TurnTimeline.mark` records only the first occurrence and nothing fills

@@ -45,6 +45,7 @@ class TurnView:
     heard_text: str | None = None  # interrupted: the part of ``text`` the user heard
     preemptive: str | None = None
     paused_at: float | None = None  # voice barge-in: when playback was paused at the speech onset
+    failed: str | None = None  # the turn failed: what went wrong, in words (the turn was dropped)
 
     @property
     def user_speech_s(self) -> float | None:
@@ -94,6 +95,7 @@ class EngineBridge(QObject):
     turn_interrupted = Signal(object)  # TurnView
     turn_done = Signal(object)  # TurnView
     status_changed = Signal()  # coalesced: take_status()
+    turn_failed = Signal(object, str)  # TurnView, plain words: one turn failed, the session goes on
     error = Signal(str)  # plain words; the session has stopped its audio
 
     def __init__(self, decode: Callable[[list[int]], str] | None = None, model: dict | None = None,
@@ -142,7 +144,13 @@ class EngineBridge(QObject):
                 if queue:
                     self.status_changed.emit()
             elif kind == "error":
-                self.error.emit(str(payload))
+                turn = getattr(payload, "turn", None)  # an engine TurnFailure: the session goes on
+                if turn is not None or hasattr(payload, "stage"):
+                    view = self._view(turn, final=True) if turn is not None else None
+                    self._snapshot_for_export(turn)
+                    self.turn_failed.emit(view, str(payload))
+                else:
+                    self.error.emit(str(payload))
         except Exception:  # never let a display problem break the engine's loop
             log.exception("bridge: cannot handle %r update", kind)
 
@@ -189,10 +197,13 @@ class EngineBridge(QObject):
                 heard = self._decode(list(ids[:barge_in.kept_text_tokens]))
             if heard is None:
                 heard = ""
+        error = turn.extra.get("error")
+        failed = f"the reply failed in the {error['stage']}: {error['message']}" if error else None
         return TurnView(number=number, user_speech_start=turn.user_speech_start, user_speech_end=turn.user_speech_end,
                         endpoint=turn.endpoint, events=dict(turn.events), text=text, text_tokens=len(ids),
                         codec_tokens=len(turn.codec_token_ids), reply_audio_s=float(turn.reply_audio_s),
-                        played_audio_s=float(turn.played_audio_s), done=final and not turn.interrupted,
+                        played_audio_s=float(turn.played_audio_s),
+                        done=final and not turn.interrupted and failed is None, failed=failed,
                         interrupted=bool(turn.interrupted), barge_in=barge_in, heard_text=heard,
                         preemptive=turn.extra.get("preemptive"), paused_at=turn.extra.get("playback_paused"))
 

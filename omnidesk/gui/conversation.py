@@ -29,6 +29,7 @@ class Conversation(QObject):
     state_changed = Signal(object)  # TurnState
     turn_updated = Signal(object)  # TurnView: a new turn, streaming text, a reply played to the end
     turn_interrupted = Signal(object)  # TurnView of a cut reply
+    turn_failed = Signal(object, str)  # TurnView (or None), plain words: a turn failed, the session goes on
     status_changed = Signal(object)  # the latest LiveStatus-like status
     stopped = Signal(str)  # the running session stopped by itself (device lost ...), in plain words
 
@@ -56,6 +57,7 @@ class Conversation(QObject):
         bridge.turn_interrupted.connect(self._relay_interrupted, queued)
         bridge.status_changed.connect(self._relay_status, queued)
         bridge.error.connect(self._relay_error, queued)
+        bridge.turn_failed.connect(self._relay_failed, queued)
         timeline = Timeline(model=loaded.timeline_model_info(), device=loaded.device)
         try:
             session = self.session_factory(kind, loaded.executor, live_settings, engine_config, bridge.on_update,
@@ -177,6 +179,10 @@ class Conversation(QObject):
     def _relay_status(self) -> None:
         if self._current():
             self.status_changed.emit(self.bridge.take_status())
+
+    def _relay_failed(self, view, message: str) -> None:
+        if self._current():
+            self.turn_failed.emit(view, message)
 
     def _relay_error(self, message: str) -> None:
         if self._current():

@@ -62,6 +62,8 @@ def plain_message(exc: BaseException, doing: str) -> str:
     if isinstance(exc, (CheckpointError, ConfigError, TokenizerError)):
         return (f"The model cannot be used: {_first_line(text)} "
                 "Check it with 'omnidesk models verify', or pick another model.")
+    if name == "DeviceError":  # --device names something this machine cannot run on; the message says what to use
+        return as_sentence(_first_line(text))
     if name == "AudioDeviceError":
         return as_sentence(_first_line(text))  # the audio layer already names the device in plain words
     if name == "EchoCancellerUnavailable":

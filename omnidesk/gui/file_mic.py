@@ -25,6 +25,7 @@ import numpy as np
 
 from omnidesk.audio.session import LiveSettings, LiveStatus
 from omnidesk.audio.vad import WebRtcVAD
+from omnidesk.engine.duplex import DuplexEngine, make_engine, session_rate
 from omnidesk.engine.engine import Engine, EngineConfig, EngineStats, EngineThread, TurnState
 from omnidesk.engine.rates import TimedExecutor
 from omnidesk.engine.speaker import VirtualSpeaker
@@ -49,7 +50,7 @@ class FileMicSession:
         self.timeline = timeline if timeline is not None else Timeline(model={}, device="cpu")
         self._on_update = on_update or (lambda kind, payload: None)
         self.realtime = realtime
-        self.engine: Engine | None = None
+        self.engine: Engine | DuplexEngine | None = None
         self.speaker: VirtualSpeaker | None = None
         self._thread: EngineThread | None = None
         self._run_future = None
@@ -142,9 +143,10 @@ class FileMicSession:
         self.speaker = VirtualSpeaker(sample_rate=ex.sample_rate_out, block=int(round(FRAME_S * ex.sample_rate_out)),
                                       capacity_s=self.engine_config.max_audio_ahead_s + 2.0, record=False)
         # the same speech detection and endpointing as on a microphone
-        detector = WebRtcVAD(self.settings.vad_aggressiveness, ex.sample_rate_in)
-        endpointer = Endpointer(detector, self.settings.endpointer_config(), ex.sample_rate_in)
-        self.engine = Engine(ex, endpointer, self.speaker, self.engine_config, self.timeline, self._on_update)
+        rate = session_rate(ex)
+        detector = WebRtcVAD(self.settings.vad_aggressiveness, rate)
+        endpointer = Endpointer(detector, self.settings.endpointer_config(), rate)
+        self.engine = make_engine(ex, endpointer, self.speaker, self.engine_config, self.timeline, self._on_update)
         self.engine.interrupt_after_s, self._interrupt_after_s = self._interrupt_after_s, None
 
     def _has_input(self) -> bool:
@@ -174,7 +176,7 @@ class FileMicSession:
             await self.engine.interrupt(onset=due, confirmed=due)
 
     async def _run(self) -> None:
-        engine, rate = self.engine, self.executor.sample_rate_in
+        engine, rate = self.engine, session_rate(self.executor)
         n = int(round(FRAME_S * rate))
         sample = 0
         self._start_mono = time.monotonic()

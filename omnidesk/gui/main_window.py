@@ -28,6 +28,7 @@ from PySide6.QtWidgets import (QAbstractSpinBox, QComboBox, QFileDialog, QFormLa
                                QSpinBox, QSplitter, QTextEdit, QVBoxLayout, QWidget)
 
 from omnidesk.audio.session import LiveSession, LiveSettings
+from omnidesk.engine.duplex import SESSION_RATE, session_rate
 from omnidesk.engine.engine import EngineConfig, TurnState
 
 from . import devices as device_list
@@ -134,6 +135,7 @@ class MainWindow(QMainWindow):
         self.conversation.state_changed.connect(self._on_state)
         self.conversation.turn_updated.connect(self._show_turn)
         self.conversation.turn_interrupted.connect(self._on_interrupted)
+        self.conversation.turn_failed.connect(self._on_turn_failed)
         self.conversation.status_changed.connect(self._on_status)
         self.engine_config = EngineConfig(voice=settings.voice)
         self.loading = False
@@ -141,6 +143,7 @@ class MainWindow(QMainWindow):
         self.status = None
         self._status_dirty = False
         self._interrupted_until = 0.0
+        self._failed_turn: int | None = None  # the turn whose failure the error banner shows
         self._pending_say = None  # audio to say once the sound-file session is up
         self._catalog: list[CatalogEntry] = []
         self._closing = False
@@ -573,11 +576,23 @@ class MainWindow(QMainWindow):
         self._interrupted_until = time.monotonic() + INTERRUPTED_FLASH_S
         self._show_turn(view)
 
+    def _on_turn_failed(self, view: TurnView | None, message: str) -> None:
+        """One turn failed (the engine dropped it and listens again): say so, keep the session."""
+        if view is not None:
+            self._show_turn(view)
+        self._failed_turn = view.number if view is not None else 0
+        self.error_banner.show_message(as_sentence(message) + " Details are in the log.",
+                                       {"Open the log": self.open_log})
+
     def _on_status(self, status) -> None:
         self.status = status
         self._status_dirty = True
 
     def _show_turn(self, view: TurnView) -> None:
+        failed = self._failed_turn
+        if failed is not None and view.done and view.number > failed:  # a later turn worked
+            self._failed_turn = None
+            self.error_banner.hide()
         self.transcript.show_turn(view)
         self.overlay.show_turn(view)
 
@@ -669,7 +684,7 @@ class MainWindow(QMainWindow):
     def say_file(self, path: str) -> None:
         """Play a sound file into the assistant as the user's voice (mixed into the live microphone, or
         through the sound-file input when there is no live session)."""
-        rate = self.loaded.executor.sample_rate_in if self.loaded is not None else 16000
+        rate = session_rate(self.loaded.executor) if self.loaded is not None else SESSION_RATE
         run_in_background("reading a sound file", lambda progress: read_sound_file(path, rate),
                           on_done=self._say,
                           on_failed=lambda e: self.error_banner.show_message(

@@ -2,26 +2,22 @@
 
 The best model available: the one configured (command line or the window's
 model picker), else a Qwen2.5-Omni checkpoint found in the local Hugging Face
-cache, else the demo model (random weights: its replies are noise).
+cache, else the demo model (random weights: its replies are noise).  The rule
+itself lives in :mod:`omnidesk.models.choice` (Qt-free), shared with the CLI.
 """
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Callable
+
+from omnidesk.models.choice import DEMO, ModelChoice, check_device, choose_model, default_device
 
 log = logging.getLogger("omnidesk.gui")
 
-DEMO = "demo"
-
-
-@dataclass(frozen=True)
-class ModelChoice:
-    source: str  # checkpoint folder, cached repo id, or "demo"
-    name: str  # what the window calls it
-    why: str  # "configured", "found in the Hugging Face cache", "no real model found"
+__all__ = ["DEMO", "CatalogEntry", "LoadedModel", "ModelChoice", "catalog", "choose_model", "default_device",
+           "load_model"]
 
 
 @dataclass
@@ -55,26 +51,6 @@ class CatalogEntry:
     demo: bool = False
 
 
-def choose_model(configured: str | None, find=None) -> ModelChoice:
-    """The model to open: ``configured`` if set, else the first intact cached checkpoint, else the demo."""
-    if configured and configured != DEMO:
-        return ModelChoice(configured, _short_name(configured), "configured")
-    if configured == DEMO:
-        return ModelChoice(DEMO, "Demo model", "configured")
-    if find is None:
-        from omnidesk.models.inventory import find_checkpoints as find
-    try:
-        found = find()
-    except Exception:  # a strange cache must not stop the app from starting on the demo
-        log.exception("looking for checkpoints failed")
-        found = []
-    # prefer the real model that is most likely to fit: the smallest intact one
-    real = sorted((c for c in found if c.loads and not c.demo), key=lambda c: c.size_bytes)
-    if real:
-        return ModelChoice(real[0].name, _short_name(real[0].name), "found in the Hugging Face cache")
-    return ModelChoice(DEMO, "Demo model", "no real model found")
-
-
 def catalog(find=None) -> list[CatalogEntry]:
     """Everything the model picker can offer: cached/found checkpoints, then the demo model."""
     if find is None:
@@ -89,20 +65,15 @@ def catalog(find=None) -> list[CatalogEntry]:
     return entries
 
 
-def default_device() -> str:
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
 def load_model(choice: ModelChoice, device: str | None, progress: Callable[[str], None]) -> LoadedModel:
-    """Resolve and load ``choice`` (worker thread).  Raises the loader's errors (CheckpointError,
-    ModelTooLargeError, ...) for :func:`omnidesk.gui.errors.plain_message`."""
+    """Resolve and load ``choice`` (worker thread).  Raises DeviceError (a ``device`` this machine
+    cannot use) and the loader's errors (CheckpointError, ModelTooLargeError, ...) for
+    :func:`omnidesk.gui.errors.plain_message`."""
     from omnidesk.engine.executors.qwen2_5_omni import executor_for
     from omnidesk.models.demo import is_demo, make_demo
     from omnidesk.models.loading import load_stack
 
-    device = device or default_device()
+    device = check_device(device) if device else default_device()
     source = choice.source
     if source == DEMO:
         progress("Preparing the demo model")
@@ -119,9 +90,3 @@ def load_model(choice: ModelChoice, device: str | None, progress: Callable[[str]
     log.info("loaded %s from %s on %s (%s)", choice.name, stack.path, stack.device, choice.why)
     return loaded
 
-
-def _short_name(source: str) -> str:
-    p = Path(source)
-    if p.is_absolute() or source.startswith((".", "~")):
-        return p.name or source
-    return source

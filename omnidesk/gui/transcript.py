@@ -24,7 +24,8 @@ class TranscriptView(QTextBrowser):
 
     def show_turn(self, view: TurnView) -> None:
         old = self.turns.get(view.number)
-        if old is not None and (old.done or old.interrupted) and not (view.done or view.interrupted):
+        if old is not None and (old.done or old.interrupted or old.failed) \
+                and not (view.done or view.interrupted or view.failed):
             return  # a late streaming update must not undo the final state
         self.turns[view.number] = view
         self._dirty = True
@@ -70,10 +71,15 @@ class TranscriptView(QTextBrowser):
         said = v.user_speech_s
         you = f"spoke for {said:.1f} s" if said is not None else "speaking…"
         out = [f"<p><b style='color:{accent}'>You</b> <span style='color:{muted}'>({you})</span></p>"]
-        if not v.text and not v.interrupted and v.user_speech_end is None:
+        if not v.text and not v.interrupted and not v.failed and v.user_speech_end is None:
             return "".join(out)
         out.append("<p style='margin-left:1em'><b>OmniDesk</b><br>")
-        if v.interrupted:
+        if v.failed:
+            if v.text:
+                out.append(f"<span style='color:{muted}; text-decoration:line-through'>{html.escape(v.text)}</span><br>")
+            out.append(f"<i style='color:{muted}'>⚠ {html.escape(v.failed)}. This turn was dropped; "
+                       f"say it again.</i>")
+        elif v.interrupted:
             heard = v.heard_text or ""
             rest = v.discarded_text if heard else v.text
             out.append(html.escape(heard))

@@ -3,33 +3,34 @@
 It makes the whole app run out of the box on a CPU.  Its weights are random,
 so its replies are noise: every place that uses it says so (DEMO_NOTICE).
 The files have exactly the layout of a real checkpoint (config.json,
-safetensors, spk_dict.pt with two voices, tokenizer files, preprocessor and
-generation configs) and are read by the same loader.  Its special token ids
-differ from the real model's, so an id written in code would break it.
+safetensors, spk_dict.pt with two voices in the published batched shapes,
+tokenizer files, preprocessor and generation configs) and are read by the same
+loader.  Its special token ids differ from the real model's, so an id written
+in code would break it.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import torch
-from torch import nn
 
+from .cache_dir import user_cache_dir, write_checkpoint_dir
 from .config import OmniConfig
-from .loading import OmniModel, weight_map
+from .loading import OmniModel, VoiceDims, voice_from_entry, weight_map
+from .random_init import init_module_
 from .tokenizer import SPECIAL_TOKENS, write_tokenizer_files
 
 DEMO_NOTICE = ("Demo model: tiny and untrained (random weights) - its replies are noise, not speech. "
                "Get real weights with: omnidesk models download Qwen/Qwen2.5-Omni-3B")
 
 # Bump when the recipe changes: a demo made by an older recipe is rebuilt.
-RECIPE_VERSION = 6
+RECIPE_VERSION = 7  # 7: voices in the published spk_dict.pt layout
 SEED = 20261202
 
+VOICE_REF_FRAMES = 400  # the published voices' reference mel length
 TOKENIZER_VOCAB = 1024
 FIRST_SPECIAL_ID = 900  # real model: 151643+
 CODEC_VOCAB = 1040  # real model: 8448 with specials at 8292-8296
@@ -109,43 +110,13 @@ PREPROCESSOR = {"feature_extractor_type": "WhisperFeatureExtractor", "feature_si
 TARGET_RMS = 0.15
 
 
-def _init_weights(model: nn.Module, generator: torch.Generator) -> None:
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("norm.weight") or "layer_norm.weight" in name or name.endswith("ln_post.weight"):
-                p.fill_(1.0)
-            elif name.endswith(".bias"):
-                p.zero_()
-            else:
-                p.normal_(0.0, 0.02, generator=generator)
-
-
 def default_demo_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "omnidesk" / f"demo-qwen2.5-omni-r{RECIPE_VERSION}"
+    return user_cache_dir() / f"demo-qwen2.5-omni-r{RECIPE_VERSION}"
 
 
 def make_demo(path: str | os.PathLike | None = None, force: bool = False) -> Path:
     """Write the demo checkpoint (atomically) and return its directory; reuses a complete one."""
-    default = path is None
-    path = Path(path) if path else default_demo_dir()
-    if (path / "config.json").is_file() and not force:
-        return path
-    if default:  # demos of older recipes are dead weight in the user's cache
-        for old in path.parent.glob("demo-qwen2.5-omni-r*"):
-            if old != path and old.is_dir():
-                shutil.rmtree(old, ignore_errors=True)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".demo-", dir=path.parent))
-    try:
-        _write_demo(tmp)
-        if path.exists():
-            shutil.rmtree(path)
-        tmp.rename(path)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-    return path
+    return write_checkpoint_dir(path, default_demo_dir(), _write_demo, force)
 
 
 def _write_demo(root: Path) -> None:
@@ -155,15 +126,19 @@ def _write_demo(root: Path) -> None:
     cfg = OmniConfig.from_dict(raw)
     g = torch.Generator().manual_seed(SEED)
     model = OmniModel(cfg)
-    _init_weights(model, g)
+    init_module_(model, g)
+    dims = VoiceDims.of(cfg)
     voices = {}
     for i, name in enumerate(("Chelsie", "Ethan")):
+        # the published layout: batched, a 400-frame reference mel
         voices[name] = {"bos_token": FIRST_SPECIAL_ID + list(SPECIAL_TOKENS).index(f"speaker_{i}"),
-                        "cond": torch.randn(192, generator=g), "ref_mel": torch.randn(150, 80, generator=g) - 5.0}
+                        "cond": torch.randn(1, dims.cond, generator=g),
+                        "ref_mel": torch.randn(1, VOICE_REF_FRAMES, dims.mel, generator=g) - 5.0}
     with torch.no_grad():
         vocoder = model.vocoder
         codes = torch.randint(0, CODEC_VOCAB - 16, (100,), generator=g)
-        voice = vocoder.voice(voices["Chelsie"]["cond"], voices["Chelsie"]["ref_mel"])
+        chelsie = voice_from_entry("Chelsie", voices["Chelsie"], dims, "demo voices")
+        voice = vocoder.voice(chelsie.cond, chelsie.ref_mel)
         wave = vocoder.offline(codes, voice, seed=SEED)
         vocoder.bigvgan.conv_post.weight.mul_(TARGET_RMS / wave.pow(2).mean().sqrt())
     params = dict(model.named_parameters())

@@ -28,14 +28,16 @@ class DownloadError(RuntimeError):
 class Recommendation:
     download_gb: float  # approximate size of the files fetched
     gpu_memory_gb: int  # GPU memory to plan for in bf16
-    guidance: str
+    guidance: str  # what it needs to run (the size is download_gb: say it once, see summary())
+
+    def summary(self) -> str:
+        """One line for the user before a download: size, then what it needs."""
+        return f"about {self.download_gb:g} GB to download; {self.guidance}"
 
 
 RECOMMENDED: dict[str, Recommendation] = {
-    "Qwen/Qwen2.5-Omni-3B": Recommendation(
-        11, 16, "about 11 GB to download; in bf16 it fits a 16 GB NVIDIA GPU"),
-    "Qwen/Qwen2.5-Omni-7B": Recommendation(
-        22, 24, "about 22 GB to download; in bf16 it wants an NVIDIA GPU with 24 GB or more"),
+    "Qwen/Qwen2.5-Omni-3B": Recommendation(11, 16, "in bf16 it fits a 16 GB NVIDIA GPU"),
+    "Qwen/Qwen2.5-Omni-7B": Recommendation(22, 24, "in bf16 it wants an NVIDIA GPU with 24 GB or more"),
 }
 
 # Everything the loader reads (config, weights + index, voices, tokenizer, chat template,

@@ -307,10 +307,10 @@ def verify(path: str | os.PathLike, load_test: bool = True) -> VerifyReport:
         if not (root / "spk_dict.pt").is_file():
             report.problems.append(f"{root}: missing file spk_dict.pt")
         else:
-            try:
-                voices = load_voices(root / "spk_dict.pt")
+            try:  # the loader's own check: shapes against the checkpoint's dims, naming voice and field
+                voices = load_voices(root / "spk_dict.pt", cfg)
                 report.checked.append(f"spk_dict.pt ({len(voices)} voices)")
-            except CheckpointError as e:
+            except (CheckpointError, ConfigError) as e:
                 report.problems.append(str(e))
     shapes, _, intact = _weight_headers(root, report)
     if cfg is not None and intact:
@@ -369,8 +369,8 @@ def _info(name: str, root: Path, raw: dict) -> CheckpointInfo:
     voices: list[str] = []
     if (root / "spk_dict.pt").is_file():
         try:
-            voices = list(load_voices(root / "spk_dict.pt"))
-        except CheckpointError:
+            voices = list(load_voices(root / "spk_dict.pt", OmniConfig.from_dict(raw)))
+        except (CheckpointError, ConfigError):
             pass  # verify() already reported it
     return CheckpointInfo(name=name, path=root, size_bytes=size, dtype=dtype, voices=voices, params=params,
                           loads=report.ok, problems=problems, demo=is_demo(raw))
@@ -390,9 +390,10 @@ def _snapshot(repo_dir: Path) -> Path | None:
     return None
 
 
-def find_checkpoints(extra_dirs=()) -> list[CheckpointInfo]:
+def find_checkpoints(extra_dirs=(), include_demo: bool = False) -> list[CheckpointInfo]:
     """Qwen2.5-Omni checkpoints in the HF hub cache, then in ``extra_dirs`` (a checkpoint folder,
-    or a folder whose direct subfolders are checkpoints).  Metadata checks only (no load test)."""
+    or a folder whose direct subfolders are checkpoints), then (``include_demo``) the demo model
+    under the name "demo" if it has been made.  Metadata checks only (no load test)."""
     found: list[tuple[str, Path, dict]] = []
     hub = hf_hub_cache()
     if hub.is_dir():
@@ -411,12 +412,49 @@ def find_checkpoints(extra_dirs=()) -> list[CheckpointInfo]:
                 raw = _read_config(sub)
                 if raw is not None:
                     found.append((str(sub), sub, raw))
+    if include_demo:
+        from .demo import default_demo_dir
+
+        demo = default_demo_dir()
+        raw = _read_config(demo)
+        if raw is not None:
+            found.append(("demo", demo, raw))
     seen, out = set(), []
     for name, root, raw in found:
         key = root.resolve()
         if key not in seen:
             seen.add(key)
             out.append(_info(name, root, raw))
+    if include_demo:  # the Moshi demo (another family: metadata only, its files and tensor count)
+        from .moshi.demo import NAME, default_demo_dir as moshi_demo_dir
+
+        root = moshi_demo_dir()
+        if (root / "config.json").is_file() and root.resolve() not in seen:
+            from .moshi.executor import read_config
+
+            problems, params, first_dtype, size = [], 0, None, 0
+            try:
+                cfg, _ = read_config(root)
+                names = (cfg.moshi_name, cfg.mimi_name, cfg.tokenizer_name)
+            except ConfigError as e:
+                problems.append(str(e))
+                names = ()
+            for name in names:
+                f = root / name
+                if not f.is_file():
+                    problems.append(f"missing file {name}")
+                    continue
+                size += f.stat().st_size
+                if name.endswith(".safetensors"):
+                    try:
+                        for info in read_safetensors_header(f).values():
+                            params += math.prod(info["shape"])
+                            first_dtype = first_dtype or info.get("dtype")
+                    except (CheckpointError, OSError) as e:
+                        problems.append(str(e))
+            out.append(CheckpointInfo(name=NAME, path=root, size_bytes=size,
+                                      dtype=SAFETENSORS_DTYPES.get(first_dtype, first_dtype), voices=[],
+                                      params=params, loads=not problems, problems=problems, demo=True))
     return out
 
 

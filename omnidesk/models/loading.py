@@ -128,12 +128,30 @@ def hf_hub_cache() -> Path:
     return (Path(xdg) if xdg else Path.home() / ".cache") / "huggingface" / "hub"
 
 
+# The built-in demo checkpoints by name: module with default_demo_dir(), what it is, how to make it.
+_DEMOS = {
+    "demo": (".demo", "demo model", "omnidesk models make-demo"),
+    "moshi-demo": (".moshi.demo", "Moshi demo model", "omnidesk models make-demo --family moshi"),
+}
+
+
 def resolve_checkpoint(model: str | os.PathLike) -> Path:
-    """A directory as given, or a repo id ("Qwen/Qwen2.5-Omni-3B") found in the local HF cache."""
+    """The name "demo" (the built-in demo checkpoint, which must have been made: ``make_demo``),
+    "moshi-demo" (the Moshi demo, ``make_moshi_demo``),
+    a directory as given (``./demo`` for a folder of that name), or a repo id
+    ("Qwen/Qwen2.5-Omni-3B") found in the local HF cache."""
+    text = str(model)
+    if isinstance(model, str) and text in _DEMOS:
+        import importlib
+
+        module, what, command = _DEMOS[text]
+        demo = importlib.import_module(module, __package__).default_demo_dir()  # the demo imports this module
+        if (demo / "config.json").is_file():
+            return demo
+        raise CheckpointError(f"the {what} is not made yet (it goes to {demo}); make it with: {command}")
     path = Path(model).expanduser()
     if path.is_dir():
         return path
-    text = str(model)
     if text.count("/") == 1 and not text.startswith((".", "/", "~")):
         repo_dir = hf_hub_cache() / ("models--" + text.replace("/", "--"))
         snapshots = repo_dir / "snapshots"
@@ -272,10 +290,12 @@ def check_mapping(cfg: OmniConfig, shapes: dict[str, tuple[int, ...]], model: Om
 
 @dataclass
 class Voice:
+    """One voice of spk_dict.pt, normalised by :func:`voice_from_entry` (unbatched, float32)."""
+
     name: str
     bos_token: int  # thinker-vocabulary id that starts the talker's text stream
-    cond: torch.Tensor  # speaker embedding for the vocoder
-    ref_mel: torch.Tensor  # reference mel for the vocoder's speaker encoder
+    cond: torch.Tensor  # speaker embedding for the vocoder, [enc_emb_dim]
+    ref_mel: torch.Tensor  # reference mel for the vocoder's speaker encoder, [T, mel_dim]
 
 
 @dataclass
@@ -309,20 +329,93 @@ class OmniStack:
         return next(iter(self.voices), None)
 
 
-def load_voices(path: Path) -> dict[str, Voice]:
+@dataclass(frozen=True)
+class VoiceDims:
+    """What the vocoder needs of a voice: ``cond`` width (the DiT's enc_emb_dim, 192 in the real
+    models) and mel bins of ``ref_mel`` (its mel_dim, 80); and the thinker vocabulary, where
+    ``bos_token`` must lie."""
+
+    cond: int
+    mel: int
+    thinker_vocab: int
+
+    @classmethod
+    def of(cls, cfg: OmniConfig) -> "VoiceDims":
+        from .dit import DiTConfig
+
+        dit = (cfg.token2wav or {}).get("dit_config")
+        if not isinstance(dit, dict):
+            raise ConfigError("token2wav_config: missing field 'dit_config'")
+        d = DiTConfig.from_dict(dit)
+        return cls(cond=d.enc_emb_dim, mel=d.mel_dim, thinker_vocab=cfg.thinker.text.vocab_size)
+
+
+def voice_from_entry(name: str, entry, dims: VoiceDims | None, where: str) -> Voice:
+    """One spk_dict.pt entry -> :class:`Voice`, the one place voice shapes are read.
+
+    Accepts the published layout (``cond`` [1, enc_emb_dim], ``ref_mel`` [1, T, mel_dim]) and the
+    unbatched one ([enc_emb_dim], [T, mel_dim]); returns the unbatched float32 form.  Raises
+    :class:`CheckpointError` naming ``where`` (the file), the voice and the field: a missing field,
+    a batch of more than one voice, a width other than the checkpoint's (``dims``; None checks
+    everything but the widths), an empty reference mel, NaN or infinite values.
+    """
+    def fail(field_: str, why: str):
+        raise CheckpointError(f"{where}: voice '{name}' field '{field_}' {why}")
+
+    if not isinstance(entry, dict):
+        raise CheckpointError(f"{where}: voice '{name}' is a {type(entry).__name__}, expected a dict with "
+                              f"bos_token, cond and ref_mel")
+    missing = [k for k in ("bos_token", "cond", "ref_mel") if k not in entry]
+    if missing:
+        raise CheckpointError(f"{where}: voice '{name}' lacks {', '.join(missing)}")
+    bos = entry["bos_token"]
+    if isinstance(bos, torch.Tensor) and bos.numel() == 1 and not bos.is_floating_point():
+        bos = bos.item()
+    if isinstance(bos, bool) or not isinstance(bos, int):
+        fail("bos_token", f"is {bos!r}, expected an integer token id")
+    if dims is not None and not 0 <= bos < dims.thinker_vocab:
+        fail("bos_token", f"is {bos}, outside the thinker vocabulary (0..{dims.thinker_vocab - 1})")
+
+    def tensor(field_: str, width: int | None, rank: int, layout: str) -> torch.Tensor:
+        t = entry[field_]
+        if not isinstance(t, torch.Tensor) or not t.is_floating_point():
+            fail(field_, f"is {type(t).__name__ if not isinstance(t, torch.Tensor) else t.dtype}, "
+                         f"expected a float tensor")
+        shape = list(t.shape)
+        expected = f"expected {layout} or [1, {layout[1:]}"
+        if t.dim() == rank + 1:
+            if shape[0] != 1:
+                fail(field_, f"has shape {shape}: a batch of {shape[0]} voices; {expected} (one voice)")
+            t = t[0]
+        elif t.dim() != rank:
+            fail(field_, f"has shape {shape}, {expected}")
+        if width is not None and t.shape[-1] != width:
+            fail(field_, f"has shape {shape}, {expected}")
+        if t.numel() == 0:
+            fail(field_, f"is empty (shape {shape}), {expected}")
+        if not torch.isfinite(t).all():
+            fail(field_, f"holds NaN or infinite values (shape {shape})")
+        return t.detach().to(torch.float32).contiguous()
+
+    cond_w = dims.cond if dims is not None else None
+    mel_w = dims.mel if dims is not None else None
+    cond = tensor("cond", cond_w, 1, f"[{cond_w if cond_w is not None else 'enc_emb_dim'}]")
+    ref_mel = tensor("ref_mel", mel_w, 2, f"[T, {mel_w if mel_w is not None else 'mel_dim'}]")
+    return Voice(name, int(bos), cond, ref_mel)
+
+
+def load_voices(path: Path, config: OmniConfig | None) -> dict[str, Voice]:
+    """Read spk_dict.pt; every voice is checked and normalised by :func:`voice_from_entry`
+    against ``config``'s vocoder dims (None: only what needs no config, e.g. when config.json
+    itself is broken)."""
+    dims = VoiceDims.of(config) if config is not None and config.talker is not None else None
     try:
         raw = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # torch raises many types for a bad pickle
         raise CheckpointError(f"{path}: cannot read voices ({type(e).__name__}: {e})") from None
     if not isinstance(raw, dict) or not raw:
         raise CheckpointError(f"{path}: expected a dict of voices, found {type(raw).__name__}")
-    voices = {}
-    for name, v in raw.items():
-        try:
-            voices[name] = Voice(name, int(v["bos_token"]), v["cond"].float(), v["ref_mel"].float())
-        except (KeyError, TypeError, AttributeError) as e:
-            raise CheckpointError(f"{path}: voice '{name}' lacks bos_token/cond/ref_mel ({e})") from None
-    return voices
+    return {str(name): voice_from_entry(str(name), v, dims, str(path)) for name, v in raw.items()}
 
 
 def _materialize(model: nn.Module, device: torch.device, dtype: torch.dtype) -> None:
@@ -373,7 +466,7 @@ def load_stack(model: str | os.PathLike, device: str | torch.device = "cpu", dty
             raise ModelTooLargeError(f"{root}: {problem}")
     for name in ("tokenizer.json", "tokenizer_config.json", "preprocessor_config.json"):
         _require(root, name)
-    voices = load_voices(_require(root, "spk_dict.pt")) if cfg.talker is not None else {}
+    voices = load_voices(_require(root, "spk_dict.pt"), cfg) if cfg.talker is not None else {}
     tokenizer = Tokenizer.from_dir(root)
     features = FeatureConfig.from_preprocessor_config(root / "preprocessor_config.json")
     gen_path = root / "generation_config.json"
@@ -430,5 +523,6 @@ def load_stack(model: str | os.PathLike, device: str | torch.device = "cpu", dty
                      device=device)
 
 
-__all__ = ["CheckpointError", "ConfigError", "OmniModel", "OmniStack", "Voice", "check_mapping", "load_stack",
-           "resolve_checkpoint", "weight_map", "read_safetensors_header", "hf_hub_cache"]
+__all__ = ["CheckpointError", "ConfigError", "OmniModel", "OmniStack", "Voice", "VoiceDims", "check_mapping",
+           "load_stack", "load_voices", "resolve_checkpoint", "voice_from_entry", "weight_map",
+           "read_safetensors_header", "hf_hub_cache"]

@@ -18,12 +18,31 @@ SPEECH_SYSTEM_PROMPT = ("You are Qwen, a virtual human developed by the Qwen Tea
                         "perceiving auditory and visual inputs, as well as generating text and speech.")
 
 
+def talker_suppressed_ids(stack: OmniStack) -> tuple[int, ...]:
+    """Codec ids the talker must never choose: the codec bos, and every id the vocoder cannot take.
+
+    transformers' ``Qwen2_5OmniForConditionalGeneration.generate`` suppresses only the codec bos
+    (``suppress_tokens=[talker.codec_bos_token]``) and stops on pad/end; any other id past the
+    vocoder's codec table (``token2wav`` DiT ``num_embeds`` + 1 rows: 8194 in the published
+    checkpoints, whose talker vocabulary has 8448 ids, specials at 8292-8296) would make its
+    token2wav fail with an IndexError.  A trained talker rarely picks one, but sampling at
+    temperature, a fine-tuned checkpoint or bf16 rounding can; so we also mask every id at or past
+    the table except the stop ids.  For the published checkpoints that is ids 8194-8447 minus pad
+    (8292) and end (8294); in-table ids are left exactly as the reference treats them.
+    """
+    cfg = stack.config.talker
+    table = stack.vocoder.codec_table_size
+    stops = set(cfg.stop_ids)
+    beyond = [i for i in range(table, cfg.decoder.vocab_size) if i not in stops]
+    return tuple(sorted({cfg.codec_bos_id, *beyond}))
+
+
 def talker_defaults(stack: OmniStack, greedy: bool = False) -> SamplingParams:
     """The reference's talker decoding: top-k 40, top-p 0.8, temperature 0.9, repetition penalty 1.05,
-    codec bos suppressed; ``greedy`` keeps the penalty and suppression, as do_sample=False does."""
-    cfg = stack.config.talker
+    codec bos suppressed (plus the ids the vocoder cannot take: :func:`talker_suppressed_ids`);
+    ``greedy`` keeps the penalty and suppression, as do_sample=False does."""
     return SamplingParams(greedy=greedy, temperature=0.9, top_k=40, top_p=0.8, repetition_penalty=1.05,
-                          suppress_ids=(cfg.codec_bos_id,))
+                          suppress_ids=talker_suppressed_ids(stack))
 
 
 def thinker_stop_ids(stack: OmniStack) -> tuple[int, ...]:

@@ -98,6 +98,11 @@ class Token2Wav(nn.Module):
     def hop_length(self) -> int:
         return self.bigvgan.hop_length
 
+    @property
+    def codec_table_size(self) -> int:
+        """Codec ids 0 .. size-1 are what the DiT's codec embedding holds (num_embeds + 1 rows)."""
+        return self.dit.cfg.num_embeds + 1
+
     def voice(self, cond: torch.Tensor, ref_mel: torch.Tensor) -> VoiceCondition:
         w = self.dit.proj_out.weight
         return VoiceCondition(cond.to(w.device, w.dtype), self.dit.speaker_features(ref_mel))
@@ -199,7 +204,12 @@ class VocoderStream:
     def push(self, codes) -> list[torch.Tensor]:
         if self.finished:
             raise RuntimeError("VocoderStream.push after flush; call reset() for a new reply")
-        self.codes.extend(int(c) for c in ([codes] if isinstance(codes, int) else codes))
+        new = [int(c) for c in ([codes] if isinstance(codes, int) else codes)]
+        table = self.t2w.codec_table_size
+        bad = [c for c in new if not 0 <= c < table]
+        if bad:  # an embedding lookup past the table would only say "index out of range"
+            raise ValueError(f"codec id {bad[0]} is outside the vocoder's codec table (0..{table - 1})")
+        self.codes.extend(new)
         available = len(self.codes) * self.t2w.repeats
         chunks = []
         while True:

@@ -7,7 +7,12 @@ State kept across turns (all preallocated, truncated by pointer):
   embedding zeroed at audio positions - what the reference feeds its talker);
 * the talker KV cache: its first ``talker_context`` positions are those rows;
   the speech rows of a reply are appended after them and dropped when the
-  reply ends, so the next reply only prefills the rows added since.
+  reply ends, so the next reply only prefills the rows added since;
+* the encoder outputs of every audio placeholder the thinker holds, by
+  position (``_audio_store``), truncated with it.  When the cache is full the
+  oldest turns are dropped and the rest re-prefilled from ``ids`` and these
+  (``_ensure_room``): a full prefill, leaving ``drop_headroom`` free so that it
+  comes every few turns; each drop is reported (``take_overflows``).
 
 Played audio -> kept text (``kept_text_tokens``): the talker reads one reply
 token per codec step, far ahead of what it is saying (it reads at 50 tokens/s
@@ -38,7 +43,7 @@ from omnidesk.models.talker import ReplyFeed
 from omnidesk.models.tokenizer import SPECIAL_TOKENS
 from omnidesk.models.vocoder import StreamingPlan
 
-from ..executor import Executor, Rollback
+from ..executor import Executor, Rollback, stage
 
 # Marks where an assistant reply's text sits when the chat template is rendered to find the
 # text between turns; never tokenized.
@@ -56,6 +61,10 @@ class Mark:
     audio_length: int
     turn_open: bool
     floor: float | None
+    prompt_end: int = 0
+    # positions dropped from the front of the conversation (cache-full re-prefills) when the mark
+    # was taken: a rollback across a re-prefill maps the mark's positions by the difference
+    dropped: int = 0
 
 
 def thinker_defaults(stack: OmniStack) -> SamplingParams:
@@ -137,9 +146,12 @@ class QwenOmniExecutor(Executor):
         self.turn_starts: list[int] = []
         self.head_lengths: list[int] = []  # tokens of each turn's text prefix
         self.prompt_end = 0
-        # encoder outputs of the conversation, with the thinker position they start at: kept so
-        # that dropping old turns can re-prefill the rest without re-encoding
+        # The encoder outputs the thinker holds, kept so that dropping old turns can re-prefill the
+        # rest without re-encoding: one entry (start, tokens) per run of consecutive audio
+        # placeholders, in position order; entry (s, a) fills positions s .. s + len(a) - 1.
+        # Invariant: the entries cover exactly the placeholders in ``ids`` (see _stored_audio).
         self._audio_store: list[tuple[int, torch.Tensor]] = []
+        self._dropped = 0  # positions dropped from the front by cache-full re-prefills (maps marks)
         self.overflows: list[dict] = []  # cache-full drops not yet reported (the engine collects them)
         self._audio = np.zeros(0, dtype=np.float32)
         self._blocks_done = 0
@@ -172,18 +184,42 @@ class QwenOmniExecutor(Executor):
         hidden = self.thinker(embeds, self.thinker_cache)
         is_audio = (t == self.cfg.thinker.audio_token_id)[:, None]
         self.context_rows[start:start + len(ids)] = hidden + embeds.masked_fill(is_audio, 0.0)
-        if audio_tokens is not None and audio_tokens.shape[0]:
-            self._audio_store.append((start + int(is_audio.nonzero()[0, 0]), audio_tokens))
+        used = 0  # embed checked that audio_tokens holds one row per placeholder
+        for lo, hi in self._audio_runs(ids):
+            self._audio_store.append((start + lo, audio_tokens[used:used + hi - lo]))
+            used += hi - lo
         self.ids.extend(ids)
         self._last_hidden = hidden[-1]
         return hidden
+
+    def _audio_runs(self, ids: list[int]) -> list[tuple[int, int]]:
+        """[lo, hi) index ranges of the runs of consecutive audio placeholders in ids."""
+        audio_id = self.cfg.thinker.audio_token_id
+        runs: list[tuple[int, int]] = []
+        lo = None
+        for i, x in enumerate(ids):
+            if x == audio_id and lo is None:
+                lo = i
+            elif x != audio_id and lo is not None:
+                runs.append((lo, i))
+                lo = None
+        if lo is not None:
+            runs.append((lo, len(ids)))
+        return runs
+
+    def _stored_audio(self, lo: int, hi: int) -> torch.Tensor | None:
+        """The stored encoder outputs of the audio placeholders at thinker positions [lo, hi), in order."""
+        parts = [a[max(lo, s) - s:min(hi, s + a.shape[0]) - s] for s, a in self._audio_store
+                 if s < hi and s + a.shape[0] > lo]
+        return torch.cat(parts) if parts else None
 
     def begin_user_turn(self) -> None:
         if self._turn_open:
             raise RuntimeError("begin_user_turn: the previous user turn is still open")
         pieces = self._turn_pieces
         self._ensure_room(len(pieces["later_head"]) + self.block_tokens + len(pieces["tail"]),
-                          fresh=len(pieces["first_head"]) + self.block_tokens + len(pieces["tail"]))
+                          fresh=len(pieces["first_head"]) + self.block_tokens + len(pieces["tail"]),
+                          at="begin_user_turn")
         closed = bool(self.ids) and self.ids[-1] == self.im_end_id
         head = self._turn_pieces["first_head"] if not self.ids else \
             self._turn_pieces["later_head_closed" if closed else "later_head"]
@@ -194,6 +230,7 @@ class QwenOmniExecutor(Executor):
         self._blocks_done = 0
         self._floor = None
         self._turn_open = True
+        self._turn_pending = True  # until the reply to this turn is finished or cut (abandon_turn)
 
     def _features(self) -> torch.Tensor:
         """Log-mel frames of the utterance so far, with the running dynamic-range floor.
@@ -205,7 +242,8 @@ class QwenOmniExecutor(Executor):
         identical unless an early block holds values 80 dB below a later peak.
         """
         wave = torch.from_numpy(self._audio)
-        raw = log_mel(wave, self.stack.features, floor=float("-inf"))
+        with stage("encoder"):
+            raw = log_mel(wave, self.stack.features, floor=float("-inf"))
         # log_mel returns (log10 + 4) / 4; the floor applies to log10 values
         peak = float(raw.max()) * 4 - 4
         floor = peak - FLOOR_DB_RANGE if self._floor is None else max(self._floor, peak - FLOOR_DB_RANGE)
@@ -213,8 +251,9 @@ class QwenOmniExecutor(Executor):
         return torch.clamp(raw, min=(floor + 4) / 4)
 
     def _encode(self, frames: torch.Tensor) -> torch.Tensor:
-        feats = frames.to(self.device, self.stack.dtype)
-        return self.thinker.audio_encoder.encode_block(feats)
+        with stage("encoder"):
+            feats = frames.to(self.device, self.stack.dtype)
+            return self.thinker.audio_encoder.encode_block(feats)
 
     def add_user_audio(self, samples: np.ndarray) -> int:
         if not self._turn_open:
@@ -229,7 +268,7 @@ class QwenOmniExecutor(Executor):
                 feats = self._features()
             tokens = self._encode(feats[:, start:start + self.block_frames])
             ids = [self.cfg.thinker.audio_token_id] * tokens.shape[0]
-            self._ensure_room(len(ids) + len(self._turn_pieces["tail"]))
+            self._ensure_room(len(ids) + len(self._turn_pieces["tail"]), at="add_user_audio")
             self._prefill(ids, tokens)
             self._blocks_done += 1
             added += len(ids)
@@ -247,7 +286,7 @@ class QwenOmniExecutor(Executor):
             tokens = self._encode(feats[:, start:total_frames])
             ids = [self.cfg.thinker.audio_token_id] * tokens.shape[0]
         ids += self._turn_pieces["tail"]
-        self._ensure_room(len(ids) + 1)
+        self._ensure_room(len(ids) + 1, reserve=self._reply_room(), at="end_user_turn")
         self._prefill(ids, tokens)
         self._turn_open = False
         self.prompt_end = self.thinker_cache.length
@@ -255,67 +294,127 @@ class QwenOmniExecutor(Executor):
 
     def mark(self) -> Mark:
         return Mark(self.thinker_cache.length, self.talker_context, self._blocks_done, len(self._audio),
-                    self._turn_open, self._floor)
+                    self._turn_open, self._floor, self.prompt_end, self._dropped)
 
     def _truncate_thinker(self, length: int) -> None:
+        """Keep the first ``length`` thinker positions (pointer moves); the audio store follows,
+        cutting a run of audio in two where ``length`` falls inside it."""
         self.thinker_cache.truncate(length)
         del self.ids[length:]
         while self._audio_store and self._audio_store[-1][0] >= length:
             self._audio_store.pop()
+        if self._audio_store:
+            s, a = self._audio_store[-1]
+            if s + a.shape[0] > length:
+                self._audio_store[-1] = (s, a[:length - s])
 
     def rollback(self, mark: Mark) -> None:
-        """Undo everything since ``mark`` (a preemptive reply the user talked over): pointer moves."""
+        """Undo everything since ``mark`` (a preemptive reply the user talked over): pointer moves.
+
+        A cache-full re-prefill since the mark (the preemptive start's end_user_turn made room)
+        stays: the dropped turns are gone for good and were reported; the mark's positions are
+        mapped to the re-prefilled layout.  The open turn is never dropped, so they stay valid."""
         self._reply = None
-        self._truncate_thinker(mark.thinker_length)
-        self.talker_cache.truncate(min(self.talker_cache.length, mark.talker_context))
-        self.talker_context = mark.talker_context
+        shift = self._dropped - mark.dropped
+        length = min(self.thinker_cache.length, max(0, mark.thinker_length - shift))
+        self._truncate_thinker(length)
+        while self.turn_starts and self.turn_starts[-1] >= length:  # turns begun after the mark
+            self.turn_starts.pop()
+            self.head_lengths.pop()
+        # the talker's context rows below ``length`` are still valid (causal); without a
+        # re-prefill in between this is exactly the mark's talker context
+        talker = mark.talker_context if shift == 0 else min(self.talker_context, length)
+        self.talker_cache.truncate(min(self.talker_cache.length, talker))
+        self.talker_context = talker
+        self.prompt_end = min(length, max(0, mark.prompt_end - shift))
         self._blocks_done = mark.blocks_done
         self._audio = self._audio[:mark.audio_length]
         self._turn_open = mark.turn_open
         self._floor = mark.floor
 
-    def _ensure_room(self, n: int, fresh: int | None = None) -> None:
+    drop_headroom = 0.25  # fraction of the cache a cache-full drop leaves free (see _ensure_room)
+
+    def _reply_room(self) -> int:
+        """Positions end_user_turn tries to leave free for the reply (so a full cache does not cut
+        it short): a whole reply, but at most a quarter of the cache."""
+        return min(self.max_reply_tokens, self.capacity // 4)
+
+    def _ensure_room(self, n: int, fresh: int | None = None, reserve: int = 0, at: str = "") -> None:
         """Make room for n more thinker positions: drop the oldest turns and re-prefill the rest.
 
         The kept turns are re-read after the system prompt (the first kept turn takes the first
-        turn's header); their audio comes from the stored encoder outputs.  The talker context
-        is rebuilt from the new prefill.  Each drop is recorded in ``overflows``.  Between
-        turns every earlier turn may go; the conversation then restarts empty and needs
-        ``fresh`` positions.
+        turn's header); their audio comes from the stored encoder outputs, sliced by position.
+        The talker context is rebuilt from the new prefill (the talker cache restarts empty and
+        the next reply prefills its context rows).  Each drop is recorded in ``overflows``
+        (``at``: the call that made room).  Between turns every earlier turn may go; the
+        conversation then restarts empty and needs ``fresh`` positions.  ``reserve``: more room
+        wanted where dropping turns can give it (the reply), not required.
+
+        A drop leaves ``drop_headroom`` of the cache free beyond that where it can: each drop
+        costs a prefill of the whole kept history, so once the cache is full it should come
+        every few turns, not at every turn.
         """
         length = self.thinker_cache.length
-        if length + n <= self.capacity:
+        if length + n + reserve <= self.capacity:
             return
-        first_head = self._turn_pieces["first_head"]
-        # the turn being built (if open) is never dropped
+        headroom = int(self.capacity * self.drop_headroom)
+        fresh = n if fresh is None else fresh
+        # headroom and reply room never cost the whole conversation; only the turn's own need may
+        k = self._drop_plan(n + reserve + headroom)
+        if k is None and reserve:
+            k = self._drop_plan(n + reserve)
+        if k is None:
+            if length + n <= self.capacity:
+                return  # the reply gets the room there is
+            k = self._drop_plan(n, fresh)
+        if k is None:
+            raise CacheFullError(f"this turn does not fit the thinker cache ({self.capacity} tokens) even "
+                                 f"after dropping every earlier turn; use a larger context")
+        self._drop_turns(k, at)
+
+    def _drop_plan(self, need: int, need_fresh: int | None = None) -> int | None:
+        """The fewest oldest turns to drop so that ``need`` more positions fit (``need_fresh``
+        when every turn goes; None: keep at least one turn); None when no choice fits.  The open
+        turn is never dropped."""
+        length = self.thinker_cache.length
+        first = len(self._turn_pieces["first_head"])
         droppable = len(self.turn_starts) - (1 if self._turn_open else 0)
         for k in range(1, droppable + 1):
             if k == len(self.turn_starts):  # everything (only between turns)
-                cut = length
-                if (fresh or n) <= self.capacity:
-                    break
-            else:
-                cut = self.turn_starts[k] + self.head_lengths[k]
-                if len(first_head) + (length - cut) + n <= self.capacity:
-                    break
+                if need_fresh is not None and need_fresh <= self.capacity:
+                    return k
+            elif first + length - (self.turn_starts[k] + self.head_lengths[k]) + need <= self.capacity:
+                return k
+        return None
+
+    def _drop_turns(self, k: int, at: str) -> None:
+        """Drop the oldest k turns and re-prefill the rest from ``ids`` and the stored audio."""
+        length = self.thinker_cache.length
+        first_head = self._turn_pieces["first_head"]
+        if k < len(self.turn_starts):
+            cut = self.turn_starts[k] + self.head_lengths[k]  # turn k keeps its audio and text, not its head
+            shift = cut - len(first_head)  # old position p >= cut is now p - shift
+            ids = first_head + self.ids[cut:]
+            audio = self._stored_audio(cut, length)
+            starts = [0] + [s - shift for s in self.turn_starts[k + 1:]]
+            heads = [len(first_head)] + self.head_lengths[k + 1:]
+            prompt_end = self.prompt_end - shift if self.prompt_end >= cut else 0  # else: its turn was dropped
         else:
-            raise CacheFullError(f"this turn does not fit the thinker cache ({self.capacity} tokens) even "
-                                 f"after dropping every earlier turn; use a larger context")
-        shift = cut - len(first_head)
-        ids = first_head + self.ids[cut:] if cut < length else []
-        audio = [a for pos, a in self._audio_store if pos >= cut]
-        starts = [0] + [s - shift for s in self.turn_starts[k + 1:]] if k < len(self.turn_starts) else []
-        heads = [len(first_head)] + self.head_lengths[k + 1:] if k < len(self.turn_starts) else []
-        prompt_end = self.prompt_end - shift
+            shift, ids, audio, starts, heads, prompt_end = length, [], None, [], [], 0
+        n_audio = 0 if audio is None else audio.shape[0]
+        if ids.count(self.cfg.thinker.audio_token_id) != n_audio:  # checked before anything changes
+            raise RuntimeError(f"cache-full re-prefill: {ids.count(self.cfg.thinker.audio_token_id)} audio "
+                               f"placeholders kept but {n_audio} stored audio tokens (bookkeeping bug)")
         self.thinker_cache.reset()
         self.talker_cache.reset()
         self.talker_context = 0
         self.ids, self._audio_store = [], []
-        if ids:
-            self._prefill(ids, torch.cat(audio) if audio else None)
+        self._prefill(ids, audio)
         self.turn_starts, self.head_lengths = starts, heads
-        self.prompt_end = max(0, prompt_end)
-        self.overflows.append({"dropped_turns": k, "reprefilled_tokens": len(ids), "cache_before": length})
+        self.prompt_end = prompt_end
+        self._dropped += shift
+        self.overflows.append({"at": at, "dropped_turns": k, "reprefilled_tokens": len(ids),
+                               "cache_before": length, "cache_after": self.thinker_cache.length})
 
     # ------------------------------------------------------------------ reply
     def _voice(self, name: str | None):
@@ -329,7 +428,8 @@ class QwenOmniExecutor(Executor):
         return name, self._voice_cache[name]
 
     def start_reply(self, voice: str | None = None, seed: int = 0) -> None:
-        name, vcond = self._voice(voice)
+        with stage("voice"):
+            name, vcond = self._voice(voice)
         # one generator per stage: their draws do not depend on how the stages interleave
         text_gen = torch.Generator(device=self.device).manual_seed(seed)
         codec_gen = torch.Generator(device=self.device).manual_seed(seed + 1)
@@ -344,9 +444,11 @@ class QwenOmniExecutor(Executor):
             "feed": ReplyFeed(w[tcfg.text_eos_id], w[tcfg.text_pad_id]),
             "text": [], "codes": [], "next_token": None, "thinker_done": False, "talker_done": False,
             "talker_logits": None, "first_vector": None,
-            "stream": self.vocoder.stream(vcond, seed=seed, plan=self.plan), "vocoded": 0,
+            "stream": None, "vocoded": 0,
             "bos_embed": w[self.stack.voices[name].bos_token],
         }
+        with stage("vocoder"):
+            self._reply["stream"] = self.vocoder.stream(vcond, seed=seed, plan=self.plan)
         self._reply["next_token"] = text_sampler.choose(self.thinker.logits(self._last_hidden))
 
     @property
@@ -445,6 +547,33 @@ class QwenOmniExecutor(Executor):
         # speech rows of this reply are not context: the next reply re-adds the reply's text rows
         self.talker_cache.truncate(self.talker_context)
         self._reply = None
+        self._turn_pending = False
+
+    def abandon_turn(self) -> bool:
+        """Forget a turn that failed part-way (pointer moves): the thinker goes back to where the
+        turn began, the talker context to at most that.  If the failure left the bookkeeping
+        inconsistent (it struck inside a cache-full re-prefill), the conversation is cleared."""
+        self._reply = None
+        self._turn_open = False
+        self._audio = np.zeros(0, dtype=np.float32)
+        self._blocks_done = 0
+        self._floor = None
+        length = self.thinker_cache.length
+        if len(self.ids) != length or len(self.turn_starts) != len(self.head_lengths) \
+                or (self.turn_starts and self.turn_starts[-1] > length):
+            self.reset_conversation()
+            self._turn_pending = False
+            return False
+        if getattr(self, "_turn_pending", False) and self.turn_starts:
+            cut = self.turn_starts.pop()
+            self.head_lengths.pop()
+            self._truncate_thinker(cut)
+            self._turn_pending = False
+        length = self.thinker_cache.length
+        self.talker_context = min(self.talker_context, length)
+        self.talker_cache.truncate(min(self.talker_cache.length, self.talker_context))
+        self.prompt_end = min(self.prompt_end, length)
+        return True
 
     def finish_reply(self) -> None:
         r = self._reply

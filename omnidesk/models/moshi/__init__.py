@@ -1,0 +1,1 @@
+"""Kyutai's Moshi: the Mimi codec and the dual-autoregressive language model."""

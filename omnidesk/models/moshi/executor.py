@@ -1,0 +1,251 @@
+"""Moshi as a full-duplex executor: one 80 ms frame in, one 80 ms frame and a text token out.
+
+Per frame (the reference server's loop)::
+
+    user pcm [1920] @24 kHz --Mimi encode--> user codes [8] --LMGen.step--> text token + Moshi's codes [8]
+                                                                         --Mimi decode--> Moshi's pcm [1920]
+
+While the LM's delays fill (the first ``max_delay`` frames) it returns nothing
+and the executor plays silence, as the reference does.  The Mimi encoder and
+decoder streams and the LM's state all restart in ``reset_conversation``
+(the sampling generator is re-seeded, so a conversation replays exactly).
+
+:func:`load_moshi` reads a checkpoint directory in the published layout
+(``model.safetensors``, ``tokenizer-e351c8d8-checkpoint125.safetensors``,
+``tokenizer_spm_32k_3.model``; ``config.json`` optional).  config.json is
+the reference's (LM kwargs + ``moshi_name`` / ``mimi_name`` /
+``tokenizer_name`` / ``lm_gen_config`` ...); a codec other than the published
+Mimi is given as the reference does it: ``mimi_config_name`` names a JSON file
+in the checkpoint holding the codec's config (``get_mimi``'s layout; the demo
+writes ``mimi_config.json``).  OmniDesk's own marks live in ``model_id``, the
+reference's free-form provenance dict, so the reference can load the same
+folder.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ...engine.duplex import DuplexExecutor, DuplexStep
+from ...engine.executor import stage
+from ..config import ConfigError
+from ..loading import CheckpointError, ModelTooLargeError
+from .config import MoshiConfig, MoshiSampling
+from .lm import DEFAULT_DEVICE_DTYPE, MoshiLM, MoshiLMGen, load_moshi_lm, weight_map
+from .mimi import MIMI, Mimi, MimiConfig, load_mimi
+from .mimi import weight_map as mimi_weight_map
+from .tokenizer import MoshiTokenizer
+
+# Below this many LM parameters the per-frame step is a few hundred tiny ops: on the CPU each
+# costs its fixed overhead, and with several intra-op threads every op also pays a fork/join
+# barrier (which a busy machine stalls).  One thread measured several times faster for the
+# demo sizes; a real 7B on the CPU keeps torch's default threads for its large matmuls.
+SMALL_MODEL_PARAMS = 50_000_000
+
+
+class MoshiExecutor(DuplexExecutor):
+    """Mimi + Moshi's LM behind the :class:`DuplexExecutor` interface (batch 1, one conversation).
+
+    ``step`` takes float32 pcm of ``frame_samples_in`` samples at ``sample_rate_in`` (24 kHz, 1920
+    samples for Mimi) and returns the same amount of Moshi's voice plus the frame's text token (None
+    while the LM's delays fill).  State: Mimi's two streams and the LM's caches; ``reset_conversation``
+    restarts all of them."""
+
+    duplex = True
+
+    def __init__(self, lm: MoshiLM, mimi: Mimi, tokenizer: MoshiTokenizer, sampling: MoshiSampling | None = None,
+                 seed: int = 0, context: int | None = None, path: Path | None = None,
+                 raw_config: dict | None = None):
+        cfg = self.cfg = lm.cfg
+        if mimi.cfg.quantizer.bins != cfg.card:
+            raise ConfigError(f"Mimi's codebooks have {mimi.cfg.quantizer.bins} entries but the LM's card is "
+                              f"{cfg.card}")
+        if mimi.cfg.quantizer.n_q < max(cfg.dep_q, cfg.user_codebooks):
+            raise ConfigError(f"Mimi has {mimi.cfg.quantizer.n_q} codebooks; the LM needs "
+                              f"{max(cfg.dep_q, cfg.user_codebooks)}")
+        self.lm, self.mimi, self.tokenizer = lm, mimi, tokenizer
+        self.mimi.num_codebooks = cfg.user_codebooks  # the user's stream: what the LM reads
+        self.gen = MoshiLMGen(lm, sampling, seed=seed, context=context)
+        self.path = path
+        self.raw_config = raw_config or {}
+        self.device = lm.text_head.weight.device
+        self.dtype = lm.text_head.weight.dtype
+        self.sample_rate_in = self.sample_rate_out = mimi.sample_rate
+        self.frame_samples_in = self.frame_samples_out = mimi.frame_size
+        self._silence = np.zeros(self.frame_samples_out, np.float32)
+        self.threads = torch.get_num_threads()
+        self.reset_conversation()
+
+    @property
+    def sampling(self) -> MoshiSampling:
+        return self.gen.sampling
+
+    @property
+    def seed(self) -> int:
+        return self.gen.seed
+
+    def reset_conversation(self) -> None:
+        """A new conversation: Mimi's encoder/decoder streams and the LM restart; the sampler is re-seeded."""
+        self.mimi.reset()
+        self.gen.reset()
+
+    def step(self, frame: np.ndarray) -> DuplexStep:
+        with stage("encoder"):
+            pcm = torch.from_numpy(np.ascontiguousarray(frame, dtype=np.float32).reshape(-1))
+            codes = self.mimi.encode_frame(pcm)
+        # the depformer (Moshi's audio codes) runs inside the LM step: no separate "talker" stage
+        with stage("thinker"):
+            out = self.gen.step(codes)
+            text = None if out is None else out.text_id  # the one host sync per frame
+        if out is None:
+            return DuplexStep(self._silence.copy(), None)
+        with stage("vocoder"):
+            audio = self.mimi.decode_frame(out.audio).cpu().numpy()
+        return DuplexStep(audio, text)
+
+    def decode(self, text_ids: list[int]) -> str:
+        return self.tokenizer.decode(text_ids)
+
+    def is_silent_text(self, token: int | None) -> bool:
+        return token is None or self.cfg.is_text_padding(int(token))
+
+    def model_info(self) -> dict:
+        """What a timeline records about the model."""
+        from .demo import is_moshi_demo
+
+        return {"path": str(self.path) if self.path else None, "family": "moshi",
+                "demo": is_moshi_demo(self.raw_config), "dtype": str(self.dtype).replace("torch.", ""),
+                "mimi_dtype": str(self.mimi._like().dtype).replace("torch.", ""),
+                "greedy": self.sampling.greedy, "seed": self.seed, "context_frames": self.gen.cache.capacity,
+                "threads": self.threads}
+
+
+# ---------------------------------------------------------------- memory
+
+@dataclass(frozen=True)
+class MoshiMemoryEstimate:
+    """Bytes needed to run Moshi on one device."""
+
+    dtype: torch.dtype
+    context: int  # frames of temporal attention (ring KV cache capacity)
+    lm_params: int
+    mimi_params: int
+    weights: int  # the LM in dtype
+    kv_cache: int  # the temporal transformer's ring cache (the depformer's is negligible)
+    mimi: int  # the codec in fp32 (as the reference runs it)
+    margin: int  # one frame's activations, allocator slack, CUDA workspaces
+    total: int
+
+
+MARGIN_BYTES = 256 * 2**20
+
+
+def estimate_memory(cfg: MoshiConfig, dtype: torch.dtype = torch.bfloat16, context: int | None = None,
+                    mimi_cfg: MimiConfig | None = None) -> MoshiMemoryEstimate:
+    """Weights + ring KV cache (``context`` frames, default the config's) + Mimi in fp32 + a margin.
+    The published 7B in bf16 at 3000 frames: about 17.6 GB."""
+    import math
+
+    context = context or cfg.context
+    lm_params = sum(math.prod(t.shape) for t in weight_map(cfg).values())
+    mimi_params = sum(math.prod(s.shape) for s in mimi_weight_map(mimi_cfg or MIMI).values())
+    b = dtype.itemsize
+    weights = lm_params * b
+    kv = 2 * cfg.num_layers * context * cfg.dim * b
+    mimi = mimi_params * 4
+    total = weights + kv + mimi + MARGIN_BYTES
+    return MoshiMemoryEstimate(dtype, context, lm_params, mimi_params, weights, kv, mimi, MARGIN_BYTES, total)
+
+
+def check_fits(estimate: MoshiMemoryEstimate, free_bytes: int) -> str | None:
+    """None if it fits in ``free_bytes``; else what is missing and what to try."""
+    if estimate.total <= free_bytes:
+        return None
+    gib = lambda n: f"{n / 2**30:.1f} GiB"  # noqa: E731
+    fixed = estimate.weights + estimate.mimi + estimate.margin
+    per_frame = estimate.kv_cache / estimate.context
+    fit = int((free_bytes - fixed) // per_frame) if free_bytes > fixed else 0
+    tips = []
+    if fit >= 125:  # 10 s of conversation: less is no conversation
+        tips.append(f"a shorter context: at most {fit} frames ({fit * 0.08:.0f} s) fit")
+    tips.append("a quantized build of Moshi (not supported by OmniDesk yet), or a GPU with more memory")
+    return (f"Moshi ({estimate.lm_params / 1e9:.1f}B parameters) in {str(estimate.dtype).removeprefix('torch.')} "
+            f"with a context of {estimate.context} frames needs about {gib(estimate.total)} but only "
+            f"{gib(free_bytes)} is free. Try " + "; or ".join(tips) + ".")
+
+
+# ---------------------------------------------------------------- loading
+
+def read_config(root: Path) -> tuple[MoshiConfig, dict]:
+    """The checkpoint's MoshiConfig and its raw config.json ({} for the published repos, which have none)."""
+    path = root / "config.json"
+    if not path.is_file():
+        return MoshiConfig.for_checkpoint(root), {}
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ConfigError(f"{path}: cannot read ({e})") from None
+    return MoshiConfig.from_dict(raw, str(path)), raw
+
+
+def read_mimi_config(root: Path, cfg: MoshiConfig) -> MimiConfig:
+    """The codec's config: the file ``mimi_config_name`` names, else the published Mimi."""
+    if not cfg.mimi_config_name:
+        return MIMI
+    path = root / cfg.mimi_config_name
+    if not path.is_file():
+        raise CheckpointError(f"{root}: missing file {cfg.mimi_config_name} (the Mimi config that config.json's "
+                              f"mimi_config_name names)")
+    try:
+        d = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ConfigError(f"{path}: cannot read ({e})") from None
+    return MimiConfig.from_dict(d, str(path), num_codebooks=max(cfg.dep_q, cfg.user_codebooks))
+
+
+def load_moshi(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
+               greedy: bool = False, seed: int = 0, context: int | None = None) -> MoshiExecutor:
+    """Load a Moshi checkpoint directory as a ready :class:`MoshiExecutor`.
+
+    ``dtype`` of the LM defaults to fp32 on the CPU and bf16 on CUDA (Mimi always runs in fp32);
+    sampling comes from the config (text 0.7 / top-k 25, audio 0.8 / top-k 250 by default), or the
+    argmax with ``greedy``; ``seed`` seeds it; ``context`` (frames) shortens the attention span.
+    Raises :class:`CheckpointError` naming a missing or damaged file, :class:`ModelTooLargeError`
+    before loading anything on a GPU that cannot hold it."""
+    root = Path(path)
+    if not root.is_dir():
+        raise CheckpointError(f"checkpoint directory not found: {root}")
+    device = torch.device(device)
+    dtype = dtype or DEFAULT_DEVICE_DTYPE.get(device.type, torch.float32)
+    cfg, raw = read_config(root)
+    mimi_cfg = read_mimi_config(root, cfg)
+    if context is not None and not 0 < context:
+        raise ConfigError(f"context must be a positive number of frames, got {context}")
+    # every file is checked before the large ones are read
+    for name, what in ((cfg.moshi_name, "the language model"), (cfg.mimi_name, "the Mimi codec"),
+                       (cfg.tokenizer_name, "the text tokenizer")):
+        if not (root / name).is_file():
+            raise CheckpointError(f"{root}: missing file {name} ({what})")
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        problem = check_fits(estimate_memory(cfg, dtype, context, mimi_cfg), free)
+        if problem:
+            raise ModelTooLargeError(f"{root}: {problem}")
+    tokenizer = MoshiTokenizer.from_file(root / cfg.tokenizer_name)
+    lm = load_moshi_lm(root / cfg.moshi_name, cfg, device=device, dtype=dtype)
+    mimi = load_mimi(root / cfg.mimi_name, device=device, dtype=torch.float32, config=mimi_cfg)
+    if device.type == "cpu" and sum(p.numel() for p in lm.parameters()) < SMALL_MODEL_PARAMS:
+        torch.set_num_threads(1)  # see SMALL_MODEL_PARAMS: tiny ops run fastest on one thread
+    sampling = cfg.sampling if not greedy else MoshiSampling(
+        greedy=True, text_temperature=cfg.sampling.text_temperature, text_top_k=cfg.sampling.text_top_k,
+        audio_temperature=cfg.sampling.audio_temperature, audio_top_k=cfg.sampling.audio_top_k)
+    return MoshiExecutor(lm, mimi, tokenizer, sampling, seed=seed, context=context, path=root, raw_config=raw)
+
+
+__all__ = ["MoshiExecutor", "MoshiMemoryEstimate", "check_fits", "estimate_memory", "load_moshi", "read_config",
+           "read_mimi_config"]

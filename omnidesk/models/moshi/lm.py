@@ -1,0 +1,592 @@
+"""Moshi's language model: temporal transformer + depth transformer, and its per-frame step.
+
+Each 80 ms frame the **temporal transformer** takes one token per stream (the
+text stream, Moshi's ``dep_q`` audio codebooks, the user's codebooks), sums
+their embeddings and runs one step over a ring KV cache of ``context`` frames;
+its normed output gives the text logits.  The **depformer** (depth
+transformer) then expands that frame into Moshi's ``dep_q`` audio codes, one
+small step per codebook: step k sees the temporal output through its own
+input projection plus the embedding of the token chosen at step k - 1 (the
+text token for k = 0), runs every layer with that step's own weight set and
+reads the codebook's logits from its own head.
+
+:class:`MoshiLMGen` is the per-frame step (the reference's ``LMGen.step``):
+the stream delays, the initial tokens while a delayed stream has nothing yet,
+and sampling.  All of its state (both KV caches, the token ring, the frame
+counter, the random generator) is preallocated and explicit; ``reset()``
+starts a new conversation.  Weight names of the published ``model.safetensors``
+are mapped onto ours by :func:`weight_map` (stacked per-codebook / per-step
+tensors become slices of one parameter); :func:`load_moshi_lm` loads them.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..loading import CheckpointError, read_safetensors_header
+from .config import MoshiConfig, MoshiSampling
+
+
+class RMSNorm(nn.Module):
+    """RMS norm whose scale is computed in fp32 (``rms_norm_f32``) or in the model dtype (``rms_norm``)."""
+
+    def __init__(self, dim: int, eps: float, fp32: bool):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps, self.fp32 = eps, fp32
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # One fused call and no no-op casts: a frame step on the CPU costs per op, not per flop.
+        if x.dtype == torch.float32 or not self.fp32:
+            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
+        return F.rms_norm(x.float(), self.weight.shape, self.weight.float(), self.eps).to(x.dtype)
+
+
+def rotate_interleaved(x: torch.Tensor, rotation: torch.Tensor) -> torch.Tensor:
+    """RoPE on interleaved (real, imaginary) pairs of the last dim, in fp32 as the reference.
+
+    ``rotation`` is the complex unit e^(i * angle) per pair [D / 2]: one complex
+    product instead of the dozen real ops it stands for."""
+    if x.dtype == torch.float32:
+        return torch.view_as_real(torch.view_as_complex(x.unflatten(-1, (-1, 2))) * rotation).flatten(-2)
+    pairs = torch.view_as_complex(x.float().unflatten(-1, (-1, 2)))
+    return torch.view_as_real(pairs * rotation).flatten(-2).to(x.dtype)
+
+
+def _attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor | None,
+            scale: float) -> torch.Tensor:
+    """One query per head: q [H, 1, D] over keys/values [H, N, D] -> [1, H * D].
+
+    Plain bmm-softmax-bmm: for a single query the fused CPU kernel's fixed cost
+    is larger than the math (same finding as layers.Attention)."""
+    scores = torch.bmm(q, keys.transpose(1, 2)).mul_(scale)
+    if bias is not None:
+        scores.add_(bias)  # (baddbmm with a broadcast bias is several times slower on the CPU)
+    if scores.dtype == torch.float32:
+        probs = scores.softmax(dim=-1)
+    else:
+        probs = scores.float().softmax(dim=-1).to(values.dtype)
+    return torch.bmm(probs, values).reshape(1, -1)
+
+
+def _gated_silu(h: torch.Tensor) -> torch.Tensor:
+    gate, up = h.chunk(2, dim=-1)  # the reference's linear_in holds the gate rows first
+    return F.silu(gate) * up
+
+
+# ---------------------------------------------------------------- caches
+
+class RingKVCache:
+    """Keys and values of the last ``capacity`` frames of every temporal layer.
+
+    Frame ``pos`` is written in place at slot ``pos % capacity``; ``pos`` keeps
+    growing past the capacity (RoPE angles use it), so the oldest frame is
+    overwritten once the ring is full.  Keys are rotated before they are
+    stored, which makes the slot order irrelevant to attention: a step attends
+    to every written slot through an additive bias (0 or -inf) of fixed shape.
+    ``pos`` is a device tensor so the step has no host value in it.
+    """
+
+    def __init__(self, num_layers: int, num_heads: int, head_dim: int, capacity: int,
+                 dtype: torch.dtype, device: torch.device | str):
+        shape = (num_layers, num_heads, capacity, head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.capacity = capacity
+        self.pos = torch.zeros(1, dtype=torch.long, device=device)
+        self.slot = torch.zeros(1, dtype=torch.long, device=device)
+        self.bias = torch.zeros(capacity, dtype=dtype, device=device)
+        self._slots = torch.arange(capacity, device=device)
+
+    def prepare(self) -> None:
+        """Slot and attention bias of the frame at ``pos`` (written before it attends)."""
+        torch.remainder(self.pos, self.capacity, out=self.slot)
+        # slots above pos are unwritten only while the ring is not yet full
+        self.bias.zero_().masked_fill_(self._slots > self.pos, float("-inf"))
+
+    def advance(self) -> None:
+        self.pos += 1
+
+    def reset(self) -> None:
+        """Forget everything (a pointer move: stale slots are masked until rewritten)."""
+        self.pos.zero_()
+
+    @property
+    def nbytes(self) -> int:
+        return 2 * self.k.numel() * self.k.element_size()
+
+
+class DepformerCache:
+    """Keys and values of the depformer's steps inside one frame ([layers, k|v, heads, dep_q, head_dim]).
+
+    Step k writes slot k and reads slots 0..k, so nothing needs clearing between frames."""
+
+    def __init__(self, num_layers: int, num_heads: int, head_dim: int, steps: int,
+                 dtype: torch.dtype, device: torch.device | str):
+        self.kv = torch.zeros((num_layers, 2, num_heads, steps, head_dim), dtype=dtype, device=device)
+
+
+# ---------------------------------------------------------------- temporal transformer
+
+class TemporalLayer(nn.Module):
+    def __init__(self, cfg: MoshiConfig):
+        super().__init__()
+        d, hidden = cfg.dim, cfg.ffn_hidden
+        fp32 = cfg.norm == "rms_norm_f32"
+        self.num_heads, self.head_dim = cfg.num_heads, cfg.head_dim
+        self.scale = self.head_dim ** -0.5
+        self.attn_norm = RMSNorm(d, cfg.norm_eps, fp32)
+        self.wqkv = nn.Linear(d, 3 * d, bias=False)  # the checkpoint's fused in_proj_weight
+        self.wo = nn.Linear(d, d, bias=False)
+        self.ffn_norm = RMSNorm(d, cfg.norm_eps, fp32)
+        self.w13 = nn.Linear(d, 2 * hidden, bias=False)  # gate | up
+        self.w2 = nn.Linear(hidden, d, bias=False)
+
+    def forward(self, x: torch.Tensor, rotation: torch.Tensor, cache: RingKVCache, layer: int) -> torch.Tensor:
+        qkv = self.wqkv(self.attn_norm(x)).view(3, self.num_heads, self.head_dim)
+        qk = rotate_interleaved(qkv[:2], rotation)  # q and k rotated in one go
+        keys, values = cache.k[layer], cache.v[layer]
+        keys.index_copy_(1, cache.slot, qk[1].unsqueeze(1))
+        values.index_copy_(1, cache.slot, qkv[2].unsqueeze(1))
+        x = x + self.wo(_attend(qk[0].unsqueeze(1), keys, values, cache.bias, self.scale))
+        return x + self.w2(_gated_silu(self.w13(self.ffn_norm(x))))
+
+
+class TemporalTransformer(nn.Module):
+    def __init__(self, cfg: MoshiConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.layers = nn.ModuleList(TemporalLayer(cfg) for _ in range(cfg.num_layers))
+        # Made on the CPU explicitly, also when the model is built on the meta device; the loader moves it.
+        half = cfg.head_dim // 2
+        steps = torch.arange(half, dtype=torch.float32, device="cpu")
+        inv_freq = torch.exp(steps * (-math.log(cfg.max_period) * 2 / cfg.head_dim))
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+
+    def forward(self, x: torch.Tensor, cache: RingKVCache) -> torch.Tensor:
+        """x [1, dim]: the frame at ``cache.pos``; advances the cache by one frame."""
+        angles = cache.pos.float() * self.inv_freq  # fp32, as the reference computes them
+        rotation = torch.polar(torch.ones_like(angles), angles)
+        cache.prepare()
+        for i, layer in enumerate(self.layers):
+            x = layer(x, rotation, cache, i)
+        cache.advance()
+        return x
+
+
+# ---------------------------------------------------------------- depth transformer
+
+class DepformerLayer(nn.Module):
+    """A depformer layer holding one weight set per step: step k uses slice k of each parameter."""
+
+    def __init__(self, cfg: MoshiConfig):
+        super().__init__()
+        d, hidden, sets = cfg.depformer_dim, cfg.depformer_ffn_hidden, cfg.dep_q
+        fp32 = cfg.norm == "rms_norm_f32"
+        self.num_heads, self.head_dim = cfg.depformer_num_heads, cfg.depformer_head_dim
+        self.scale = self.head_dim ** -0.5
+        self.attn_norm = RMSNorm(d, cfg.norm_eps, fp32)
+        self.wqkv = nn.Parameter(torch.empty(sets, 3 * d, d))
+        self.wo = nn.Parameter(torch.empty(sets, d, d))
+        self.ffn_norm = RMSNorm(d, cfg.norm_eps, fp32)
+        self.w13 = nn.Parameter(torch.empty(sets, 2 * hidden, d))
+        self.w2 = nn.Parameter(torch.empty(sets, d, hidden))
+
+    def forward(self, x: torch.Tensor, step: int, cache: DepformerCache, layer: int) -> torch.Tensor:
+        qkv = F.linear(self.attn_norm(x), self.wqkv[step]).view(3, self.num_heads, 1, self.head_dim)
+        kv = cache.kv[layer]
+        kv[:, :, step:step + 1] = qkv[1:]  # k and v in one copy
+        # no positional embedding: step order is known from the per-step weights
+        seen = kv[:, :, :step + 1]
+        x = x + F.linear(_attend(qkv[0], seen[0], seen[1], None, self.scale), self.wo[step])
+        return x + F.linear(_gated_silu(F.linear(self.ffn_norm(x), self.w13[step])), self.w2[step])
+
+
+class Depformer(nn.Module):
+    def __init__(self, cfg: MoshiConfig):
+        super().__init__()
+        self.cfg = cfg
+        d = cfg.depformer_dim
+        self.input_proj = nn.Parameter(torch.empty(cfg.depformer_in_count, d, cfg.dim))  # depformer_in[k]
+        self.text_emb = nn.Embedding(cfg.text_card + 1, d)  # input of step 0: the frame's text token
+        self.audio_emb = nn.Parameter(torch.empty(cfg.dep_q - 1, cfg.card + 1, d))  # input of step k: code k - 1
+        self.layers = nn.ModuleList(DepformerLayer(cfg) for _ in range(cfg.depformer_num_layers))
+        self.heads = nn.Parameter(torch.empty(cfg.dep_q, cfg.card, d))  # linears[k]: codebook k's logits
+
+    def new_cache(self) -> DepformerCache:
+        p = self.heads
+        return DepformerCache(self.cfg.depformer_num_layers, self.cfg.depformer_num_heads,
+                              self.cfg.depformer_head_dim, self.cfg.dep_q, p.dtype, p.device)
+
+    def project(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The temporal output [1, dim] through every step's input projection at once -> [n, depformer_dim]."""
+        n, d, _ = self.input_proj.shape
+        return F.linear(hidden, self.input_proj.view(n * d, -1)).view(n, d)
+
+    def forward(self, step: int, projected: torch.Tensor, prev_token: torch.Tensor,
+                cache: DepformerCache) -> torch.Tensor:
+        """Logits [1, card] of codebook ``step``; prev_token [1] is the text token (step 0) or code step - 1."""
+        x = projected[step if projected.shape[0] > 1 else 0].unsqueeze(0)
+        table = self.text_emb.weight if step == 0 else self.audio_emb[step - 1]
+        x = x + table.index_select(0, prev_token)  # index_select: the cheapest lookup for one row
+        for i, layer in enumerate(self.layers):
+            x = layer(x, step, cache, i)
+        return F.linear(x, self.heads[step])
+
+
+# ---------------------------------------------------------------- the model
+
+class MoshiLM(nn.Module):
+    """Embeddings, temporal transformer, text head and depformer of one Moshi checkpoint."""
+
+    def __init__(self, cfg: MoshiConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.text_emb = nn.Embedding(cfg.text_card + 1, cfg.dim)
+        # one table per input codebook, stacked so a frame's n_q lookups are one gather
+        self.audio_emb = nn.Parameter(torch.empty(cfg.n_q, cfg.card + 1, cfg.dim))
+        self.temporal = TemporalTransformer(cfg)
+        self.out_norm = RMSNorm(cfg.dim, cfg.norm_eps, cfg.norm == "rms_norm_f32")
+        self.text_head = nn.Linear(cfg.dim, cfg.text_card, bias=False)
+        self.depformer = Depformer(cfg)
+        offsets = torch.arange(cfg.n_q, device="cpu") * (cfg.card + 1)
+        self.register_buffer("audio_offsets", offsets, persistent=False)
+
+    def new_cache(self, context: int | None = None) -> RingKVCache:
+        c, p = self.cfg, self.text_head.weight
+        return RingKVCache(c.num_layers, c.num_heads, c.head_dim, context or c.context, p.dtype, p.device)
+
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        """tokens [n_q + 1] (text, then every audio codebook) -> the frame's summed embedding [1, dim]."""
+        table = self.audio_emb.view(-1, self.cfg.dim)
+        audio = table.index_select(0, tokens[1:] + self.audio_offsets).sum(0, keepdim=True)
+        return audio + self.text_emb.weight.index_select(0, tokens[:1])
+
+    def temporal_step(self, tokens: torch.Tensor, cache: RingKVCache) -> tuple[torch.Tensor, torch.Tensor]:
+        """One frame through the temporal transformer -> (normed hidden [1, dim], text logits [1, text_card])."""
+        hidden = self.out_norm(self.temporal(self.embed(tokens), cache))
+        return hidden, self.text_head(hidden)
+
+    @torch.no_grad()
+    def init_random_(self, seed: int = 0) -> "MoshiLM":
+        """Random weights (norms at 1, the rest N(0, 1/fan_in)) for demos and benchmarks: the output is noise."""
+        g = torch.Generator(device=self.text_head.weight.device).manual_seed(seed)
+        for name, p in self.named_parameters():
+            if name.endswith("norm.weight"):
+                p.fill_(1.0)
+            else:
+                p.normal_(0.0, p.shape[-1] ** -0.5, generator=g)
+        return self
+
+
+# ---------------------------------------------------------------- sampling
+
+class TokenSampler:
+    """Temperature + top-k sampling on the device, without a host sync.
+
+    omnidesk.models.sampling.Sampler returns a Python int (a sync per token)
+    and keeps repetition-penalty state; Moshi chooses 1 + dep_q tokens per
+    frame, each fed straight back into the next step, so the choice stays a
+    tensor.  A draw is the argmax of probs / Exp(1) noise (an exact sample of
+    probs, no cumulative sums).  A temperature <= 0 or ``greedy`` is the argmax."""
+
+    def __init__(self, temperature: float, top_k: int, greedy: bool, generator: torch.Generator):
+        self.greedy = greedy or temperature <= 0
+        self.temperature, self.top_k = temperature, top_k
+        self.generator = generator
+        self._noise: torch.Tensor | None = None
+
+    def __call__(self, logits: torch.Tensor) -> torch.Tensor:
+        """logits [V] -> token [1] (long)."""
+        if logits.dtype != torch.float32:
+            logits = logits.float()
+        if self.greedy:
+            return logits.argmax(-1, keepdim=True)
+        if 0 < self.top_k < logits.shape[-1]:
+            logits, ids = torch.topk(logits, self.top_k, sorted=False)  # order is irrelevant to the draw
+        else:
+            ids = None
+        probs = (logits / self.temperature).softmax(-1)
+        if self._noise is None or self._noise.shape != probs.shape:
+            self._noise = torch.empty_like(probs)
+        pick = (probs / self._noise.exponential_(generator=self.generator)).argmax(-1, keepdim=True)
+        return pick if ids is None else ids.gather(-1, pick)
+
+
+# ---------------------------------------------------------------- the per-frame step
+
+@dataclass
+class MoshiFrame:
+    """Moshi's output for one frame: its text token and its dep_q audio codes (tensors on the model's device)."""
+
+    text: torch.Tensor  # [] long
+    audio: torch.Tensor  # [dep_q] long
+
+    @property
+    def text_id(self) -> int:
+        return int(self.text)
+
+
+class MoshiLMGen:
+    """Moshi's per-frame generation step: user codes in, Moshi's text token and audio codes out.
+
+    Equivalent to the reference's ``LMGen.step`` for batch 1.  Stream s (text,
+    Moshi's dep_q codebooks, the user's codebooks) is delayed by
+    ``cfg.delays[s]`` frames: at frame t the temporal transformer reads the
+    token each stream had at frame t - delay, or the stream's initial token
+    while t <= delay.  The output of frame t re-aligns the streams, so
+    ``step`` returns None for the first ``max_delay`` frames and afterwards
+    the frame ``max_delay`` behind.
+
+    State (both KV caches, the token ring, the frame counter, the random
+    generator) is allocated once here; ``reset()`` starts a new conversation
+    and re-seeds, so the same inputs give the same outputs again.
+    """
+
+    def __init__(self, lm: MoshiLM, sampling: MoshiSampling | None = None, seed: int | None = None,
+                 context: int | None = None):
+        """``sampling`` defaults to the checkpoint's (``cfg.sampling``); ``seed`` None draws one;
+        ``context`` (frames) shortens the attention span and the KV cache below ``cfg.context``."""
+        cfg = self.cfg = lm.cfg
+        self.lm = lm
+        self.sampling = sampling or cfg.sampling
+        device = lm.text_head.weight.device
+        self.cache = lm.new_cache(context)
+        self.depformer_cache = lm.depformer.new_cache()
+        self.generator = torch.Generator(device=device)
+        self.seed = seed if seed is not None else int(torch.randint(0, 2**62, ()).item())
+        s = self.sampling
+        self._text_sampler = TokenSampler(s.text_temperature, s.text_top_k, s.greedy, self.generator)
+        self._audio_sampler = TokenSampler(s.audio_temperature, s.audio_top_k, s.greedy, self.generator)
+
+        def longs(values) -> torch.Tensor:
+            return torch.tensor(values, dtype=torch.long, device=device)
+
+        streams = cfg.n_q + 1
+        generated = 1 + cfg.dep_q  # text + Moshi's codebooks; the rest are the user's
+        self._delays = longs(cfg.delays)
+        self._initial = longs([cfg.text_initial_id] + [cfg.audio_initial_id] * cfg.n_q)
+        self._user_rows = longs(range(generated, streams))
+        self._user_delays = self._delays[generated:]
+        self._generated_rows = longs(range(generated))
+        self._generated_delays = self._delays[:generated]
+        # Token ring: column t % width holds every stream's token for frame t.  A
+        # step reads frame t, the user writes up to t + max_delay, generation t + 1.
+        self._ring = self._initial[:, None].repeat(1, cfg.max_delay + 2)
+        self._offset = longs([0])  # frame counter on the device (the host keeps `frame`)
+        self._generated = longs([0] * generated)  # this frame's text token + codes
+        self.text_logits = torch.zeros(cfg.text_card, dtype=torch.float32, device=device)  # last frame's
+        self.frame = 0
+        self.reset()
+
+    def reset(self, seed: int | None = None) -> None:
+        """Start a new conversation (caches and delays emptied; generator re-seeded with ``seed`` or the last one)."""
+        if seed is not None:
+            self.seed = seed
+        self.generator.manual_seed(self.seed)
+        self.cache.reset()
+        self._ring.copy_(self._initial[:, None].expand_as(self._ring))
+        self._offset.zero_()
+        self.frame = 0
+
+    @torch.no_grad()
+    def step(self, user_codes) -> MoshiFrame | None:
+        """Feed one frame of the user's codes ([n_q - dep_q] ints in [0, card); extra codebooks are
+        ignored, as the reference does); returns Moshi's frame ``max_delay`` frames back, None until
+        there is one.  Nothing here waits for the device: read ``text_id`` when the text is needed."""
+        cfg, lm = self.cfg, self.lm
+        user = torch.as_tensor(user_codes, dtype=torch.long, device=self._ring.device).reshape(-1)
+        if user.numel() < cfg.user_codebooks:
+            raise ValueError(f"expected {cfg.user_codebooks} user codes per frame, got {user.numel()}")
+        width = self._ring.shape[1]
+        ring = self._ring
+        ring.index_put_((self._user_rows, (self._offset + self._user_delays) % width), user[:cfg.user_codebooks])
+        current = ring.index_select(1, self._offset % width).squeeze(1)
+        tokens = torch.where(self._offset <= self._delays, self._initial, current)
+
+        hidden, text_logits = lm.temporal_step(tokens, self.cache)
+        self.text_logits.copy_(text_logits[0])
+        out = self._generated
+        out[:1] = self._text_sampler(text_logits[0])
+        projected = lm.depformer.project(hidden)
+        prev = out[:1]
+        for k in range(cfg.dep_q):
+            logits = lm.depformer(k, projected, prev, self.depformer_cache)
+            out[1 + k:2 + k] = self._audio_sampler(logits[0])
+            prev = out[1 + k:2 + k]
+
+        self._offset += 1
+        ring.index_put_((self._generated_rows, (self._offset % width).expand_as(self._generated_rows)), out)
+        self.frame += 1
+        if self.frame <= cfg.max_delay:
+            return None
+        # realign: the stream delayed by d was generated d frames after the undelayed ones
+        tokens_out = ring[self._generated_rows, (self._offset - cfg.max_delay + self._generated_delays) % width]
+        return MoshiFrame(text=tokens_out[0], audio=tokens_out[1:])
+
+
+# ---------------------------------------------------------------- weights
+
+@dataclass(frozen=True)
+class Target:
+    """Where one checkpoint tensor goes: our parameter, the slice of it (a stacked per-codebook /
+    per-step parameter) or None (the whole), and the checkpoint tensor's shape."""
+
+    param: str
+    shape: tuple[int, ...]
+    index: int | None = None
+
+
+def weight_map(cfg: MoshiConfig) -> dict[str, Target]:
+    """Checkpoint tensor name (published ``model.safetensors``) -> destination, for every tensor."""
+    d, dd, h, hd = cfg.dim, cfg.depformer_dim, cfg.ffn_hidden, cfg.depformer_ffn_hidden
+    sets = cfg.dep_q
+    out = {
+        "text_emb.weight": Target("text_emb.weight", (cfg.text_card + 1, d)),
+        "text_linear.weight": Target("text_head.weight", (cfg.text_card, d)),
+        "out_norm.alpha": Target("out_norm.weight", (1, 1, d)),
+        "depformer_text_emb.weight": Target("depformer.text_emb.weight", (cfg.text_card + 1, dd)),
+    }
+    for k in range(cfg.n_q):
+        out[f"emb.{k}.weight"] = Target("audio_emb", (cfg.card + 1, d), k)
+    for i in range(cfg.num_layers):
+        c, o = f"transformer.layers.{i}", f"temporal.layers.{i}"
+        out[f"{c}.self_attn.in_proj_weight"] = Target(f"{o}.wqkv.weight", (3 * d, d))
+        out[f"{c}.self_attn.out_proj.weight"] = Target(f"{o}.wo.weight", (d, d))
+        out[f"{c}.norm1.alpha"] = Target(f"{o}.attn_norm.weight", (1, 1, d))
+        out[f"{c}.norm2.alpha"] = Target(f"{o}.ffn_norm.weight", (1, 1, d))
+        out[f"{c}.gating.linear_in.weight"] = Target(f"{o}.w13.weight", (2 * h, d))
+        out[f"{c}.gating.linear_out.weight"] = Target(f"{o}.w2.weight", (d, h))
+    for k in range(cfg.depformer_in_count):
+        out[f"depformer_in.{k}.weight"] = Target("depformer.input_proj", (dd, d), k)
+    for k in range(cfg.dep_q - 1):
+        out[f"depformer_emb.{k}.weight"] = Target("depformer.audio_emb", (cfg.card + 1, dd), k)
+    for i in range(cfg.depformer_num_layers):
+        c = o = f"depformer.layers.{i}"
+        # attention projections of all steps are stored stacked along the rows
+        out[f"{c}.self_attn.in_proj_weight"] = Target(f"{o}.wqkv", (sets * 3 * dd, dd))
+        out[f"{c}.self_attn.out_proj.weight"] = Target(f"{o}.wo", (sets * dd, dd))
+        out[f"{c}.norm1.alpha"] = Target(f"{o}.attn_norm.weight", (1, 1, dd))
+        out[f"{c}.norm2.alpha"] = Target(f"{o}.ffn_norm.weight", (1, 1, dd))
+        # ... and the gated FFNs as one module per step
+        for s in range(sets):
+            out[f"{c}.gating.{s}.linear_in.weight"] = Target(f"{o}.w13", (2 * hd, dd), s)
+            out[f"{c}.gating.{s}.linear_out.weight"] = Target(f"{o}.w2", (dd, hd), s)
+    for k in range(cfg.dep_q):
+        out[f"linears.{k}.weight"] = Target("depformer.heads", (cfg.card, dd), k)
+    return out
+
+
+_FLOAT_DTYPES = {"F64", "F32", "F16", "BF16"}
+
+
+@dataclass
+class LMMappingReport:
+    """How a checkpoint's tensors line up with our modules."""
+
+    loaded: list[str] = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)
+    unexpected: list[str] = field(default_factory=list)
+    mismatched: list[tuple[str, tuple, tuple]] = field(default_factory=list)  # name, expected, found
+    bad_dtype: list[tuple[str, str]] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not (self.missing or self.unexpected or self.mismatched or self.bad_dtype)
+
+    def error(self, where: str) -> str:
+        def listing(names, n=12):
+            return ", ".join(names[:n]) + (f" (and {len(names) - n} more)" if len(names) > n else "")
+
+        parts = [f"tensor '{n}' has shape {list(found)}, expected {list(exp)}"
+                 for n, exp, found in self.mismatched[:12]]
+        if len(self.mismatched) > 12:
+            parts.append(f"(and {len(self.mismatched) - 12} more shape mismatches)")
+        parts += [f"tensor '{n}' has dtype {dt}, expected a float type" for n, dt in self.bad_dtype[:12]]
+        if self.missing:
+            parts.append(f"missing weights: {listing(self.missing)}")
+        if self.unexpected:
+            parts.append(f"unexpected weights: {listing(self.unexpected)}")
+        return f"{where}: " + "; ".join(parts)
+
+
+def check_mapping(cfg: MoshiConfig, header: dict[str, dict]) -> LMMappingReport:
+    """Compare a safetensors header (name -> {dtype, shape}) with what our modules expect."""
+    wmap = weight_map(cfg)
+    report = LMMappingReport()
+    for name, info in header.items():
+        target = wmap.get(name)
+        if target is None:
+            report.unexpected.append(name)
+        elif tuple(info["shape"]) != target.shape:
+            report.mismatched.append((name, target.shape, tuple(info["shape"])))
+        elif info.get("dtype", "F32") not in _FLOAT_DTYPES:
+            report.bad_dtype.append((name, info.get("dtype")))
+        else:
+            report.loaded.append(name)
+    report.missing = [n for n in wmap if n not in header]
+    return report
+
+
+def _materialize(model: nn.Module, device: torch.device, dtype: torch.dtype) -> None:
+    """Real (uninitialised) storage for meta parameters; computed buffers move to the device as they are."""
+    for module in model.modules():
+        for name, p in list(module._parameters.items()):
+            if p is not None:
+                module._parameters[name] = nn.Parameter(torch.empty(p.shape, device=device, dtype=dtype),
+                                                        requires_grad=False)
+        for name, b in list(module._buffers.items()):
+            if b is not None:
+                module._buffers[name] = b.to(device)
+
+
+DEFAULT_DEVICE_DTYPE = {"cpu": torch.float32, "cuda": torch.bfloat16}
+
+
+def load_moshi_lm(path: str | Path, config: MoshiConfig, device: str | torch.device = "cpu",
+                  dtype: torch.dtype | None = None) -> MoshiLM:
+    """Load Moshi's ``model.safetensors`` (published naming) into a :class:`MoshiLM`.
+
+    dtype defaults to fp32 on the CPU and bf16 on CUDA; every tensor is cast to
+    it (as the reference does).  Raises :class:`CheckpointError` naming the file
+    and tensor: missing, unexpected, wrong shape or non-float tensors, or a
+    damaged file.
+    """
+    path = Path(path)
+    device = torch.device(device)
+    dtype = dtype or DEFAULT_DEVICE_DTYPE.get(device.type, torch.float32)
+    if not path.is_file():
+        raise CheckpointError(f"{path.parent}: missing file {path.name}")
+    header = read_safetensors_header(path)
+    report = check_mapping(config, header)
+    if not report.ok:
+        raise CheckpointError(report.error(str(path)))
+    with torch.device("meta"):
+        lm = MoshiLM(config)
+    _materialize(lm, device, dtype)
+    params = dict(lm.named_parameters())
+    wmap = weight_map(config)
+
+    from safetensors import safe_open
+
+    try:
+        with torch.no_grad(), safe_open(str(path), framework="pt", device="cpu") as st:
+            for name in report.loaded:
+                target = wmap[name]
+                dest = params[target.param]
+                if target.index is not None:
+                    dest = dest[target.index]
+                dest.copy_(st.get_tensor(name).view(dest.shape))
+    except Exception as e:  # safetensors raises its own error types for damaged files
+        raise CheckpointError(f"{path}: cannot read tensors ({type(e).__name__}: {e})") from None
+    return lm.eval()
+
+
+__all__ = ["DepformerCache", "LMMappingReport", "MoshiFrame", "MoshiLM", "MoshiLMGen", "RingKVCache", "Target",
+           "TokenSampler", "check_mapping", "load_moshi_lm", "weight_map"]
