@@ -79,13 +79,17 @@ def main() -> int:
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--turns", type=int, default=3)
+    p.add_argument("--interrupts", type=int,
+                   help="interruptions timed (default 50 on a GPU; 3 on the CPU, where a real-size stack runs "
+                        "~1 token/s and the run is a smoke test that every stage works at these shapes)")
     p.add_argument("--out", required=True)
     args = p.parse_args()
     config = Path(args.config) if args.config else ROOT / "tests" / "data" / f"qwen2_5_omni_{args.size}" / "config.json"
     t0 = time.perf_counter()
     stack = build(config, args.device, getattr(torch, args.dtype))
     built = time.perf_counter() - t0
-    result = bench.run(stack, turns=args.turns, interrupts=50, with_transformers=False)
+    interrupts = args.interrupts if args.interrupts is not None else (50 if stack.device.type == "cuda" else 3)
+    result = bench.run(stack, turns=args.turns, interrupts=interrupts, with_transformers=False)
     result["build_s"] = built
     result["config"] = str(config)
     if torch.cuda.is_available():
