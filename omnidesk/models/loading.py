@@ -128,27 +128,24 @@ def hf_hub_cache() -> Path:
     return (Path(xdg) if xdg else Path.home() / ".cache") / "huggingface" / "hub"
 
 
-# The built-in demo checkpoints by name: module with default_demo_dir(), what it is, how to make it.
-_DEMOS = {
-    "demo": (".demo", "demo model", "omnidesk models make-demo"),
-    "moshi-demo": (".moshi.demo", "Moshi demo model", "omnidesk models make-demo --family moshi"),
-}
-
-
 def resolve_checkpoint(model: str | os.PathLike) -> Path:
     """The name "demo" (the built-in demo checkpoint, which must have been made: ``make_demo``),
     "moshi-demo" (the Moshi demo, ``make_moshi_demo``),
     a directory as given (``./demo`` for a folder of that name), or a repo id
     ("Qwen/Qwen2.5-Omni-3B") found in the local HF cache."""
     text = str(model)
-    if isinstance(model, str) and text in _DEMOS:
-        import importlib
+    if isinstance(model, str):
+        from .families import FAMILIES, demo_family  # the registry names the demos (and imports this module)
 
-        module, what, command = _DEMOS[text]
-        demo = importlib.import_module(module, __package__).default_demo_dir()  # the demo imports this module
-        if (demo / "config.json").is_file():
-            return demo
-        raise CheckpointError(f"the {what} is not made yet (it goes to {demo}); make it with: {command}")
+        family = demo_family(text)
+        if family is not None:
+            demo = family.demo_dir()
+            if (demo / "config.json").is_file():
+                return demo
+            default = family is FAMILIES[0]  # `models make-demo` makes the first family's demo
+            what = "the demo model" if default else f"the {family.title} demo model"
+            make = "omnidesk models make-demo" + ("" if default else f" --family {family.name}")
+            raise CheckpointError(f"{what} is not made yet (it goes to {demo}); make it with: {make}")
     path = Path(model).expanduser()
     if path.is_dir():
         return path
