@@ -172,6 +172,7 @@ class DuplexEngine:
         self._muted = False
         self._quiet_run = 0
         self._text_ids: list[int] = []
+        self._text = (0, "")  # (tokens decoded, text): view() decodes only when a token came
         self._speaker_started = False
         self.timeline.extra["duplex"] = self._timeline_section()
 
@@ -292,7 +293,8 @@ class DuplexEngine:
             self._text_ids.append(int(token))
             if self._assistant is not None:
                 self._assistant.text_ids.append(int(token))
-        self._update_timeline()
+        # the timeline section is rebuilt at events and at the end, not per frame: it copies every
+        # step time and decodes every segment, which would grow with the session on the hot path
         self.on_update("duplex", self.view())
 
     def _pair_exchange(self) -> None:
@@ -383,6 +385,8 @@ class DuplexEngine:
     def view(self) -> DuplexView:
         steps = np.asarray(self.steps_ms[-500:]) if self.steps_ms else None
         delays = tuple(x["delay_s"] for x in self.exchanges)
+        if self._text[0] != len(self._text_ids):
+            self._text = (len(self._text_ids), self.ex.decode(self._text_ids))
         return DuplexView(
             frames=len(self.steps_ms), frame_s=self.frame_s,
             step_ms_p50=None if steps is None else float(np.percentile(steps, 50)),
@@ -390,7 +394,7 @@ class DuplexEngine:
             last_step_ms=self.steps_ms[-1] if self.steps_ms else None,
             late_frames=self.late_frames, dropped_frames=self.dropped_frames, lag_s=self._lag_s,
             user_speaking=self._user_speaking, assistant_speaking=self._assistant is not None, muted=self._muted,
-            text=self.ex.decode(self._text_ids), last_delay_s=delays[-1] if delays else None, delays_s=delays)
+            text=self._text[1], last_delay_s=delays[-1] if delays else None, delays_s=delays)
 
     # ------------------------------------------------------------------ driving
     async def settle(self) -> None:
@@ -418,6 +422,7 @@ class DuplexEngine:
 
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=False)
+        self._update_timeline()
 
 
 def make_engine(executor, endpointer: Endpointer, speaker: VirtualSpeaker, config=None, timeline=None,
