@@ -55,7 +55,7 @@ def test_window_talks_and_stops_on_live_devices(qtbot, tmp_path, monkeypatch, pu
 
     qtbot.waitUntil(hearing_the_question, timeout=20000)
     qtbot.waitUntil(lambda: w.display_state() == "speaking", timeout=30000)
-    qtbot.wait(800)
+    qtbot.waitUntil(lambda: w.session.audio.speaker.playhead >= 0.5 * w.session.audio.speaker.sample_rate, timeout=20000)  # the playhead, not the wall clock
     qtbot.mouseClick(w.stop_button, Qt.MouseButton.LeftButton)
     qtbot.waitUntil(lambda: w.overlay.current is not None and w.overlay.current.interrupted, timeout=10000)
     cut = w.overlay.current
