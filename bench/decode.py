@@ -93,7 +93,7 @@ def load_reference_thinker(path: Path, attn: str):
     import transformers
     from transformers import Qwen2_5OmniConfig, Qwen2_5OmniForConditionalGeneration
 
-    from omnidesk.models.loading import weight_files
+    from omnidesk.models.checkpoint import weight_files
 
     config = Qwen2_5OmniConfig.from_pretrained(str(path))
     config.enable_audio_output = False  # talker and vocoder are not benchmarked: do not build them
@@ -275,7 +275,7 @@ def main(argv=None) -> int:
         torch.set_num_threads(args.threads)
     load_before = [round(x, 2) for x in os.getloadavg()]
     torch.manual_seed(args.seed)
-    from omnidesk.models.loading import load_stack
+    from omnidesk.models.qwen2_5_omni.loading import load_stack
 
     tmp = None
     t_setup = time.perf_counter()

@@ -46,6 +46,100 @@ def stats(ms: list[float]) -> dict:
             "mean": round(float(a.mean()), 3)}
 
 
+def _sync(device) -> None:
+    """Wait for the device (CUDA); a no-op on the CPU.  Only ever called between frames."""
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class StageClock:
+    """Stage boundaries inside one frame: ``mark()`` at each, ``split()`` after the frame -> ms between them.
+
+    On the CPU, perf_counter.  On CUDA, events recorded on the stream: marking adds no host sync (the
+    frame's own syncs - the text token, the audio copied to the host - are the only ones), and the
+    events are read after the frame, once the device has caught up.  An interval is then the time
+    between the device reaching two marks: when the host's kernel launches are the bottleneck (small
+    eager ops) that is the host's issue time, else the device's compute time."""
+
+    def __init__(self, device, marks: int):
+        import torch
+
+        self.device = device
+        self.cuda = device.type == "cuda"
+        self.events = [torch.cuda.Event(enable_timing=True) for _ in range(marks)] if self.cuda else []
+        self.times: list[float] = []
+
+    def mark(self) -> None:
+        if self.cuda:
+            self.events[len(self.times)].record()
+            self.times.append(0.0)
+        else:
+            self.times.append(time.perf_counter())
+
+    def split(self) -> list[float]:
+        if self.cuda:
+            _sync(self.device)
+            ms = [a.elapsed_time(b) for a, b in zip(self.events, self.events[1:len(self.times)])]
+        else:
+            ms = [(b - a) * 1e3 for a, b in zip(self.times, self.times[1:])]
+        self.times = []
+        return ms
+
+
+def time_stages(ex, inputs: np.ndarray, warmup: int) -> dict[str, list[float]]:
+    """The executor's frame step taken apart: Mimi encode, the LM step (temporal transformer, text
+    sampling, the depformer, and the one host sync for the text token, as ``MoshiExecutor.step``
+    does), Mimi decode (and the copy of the audio to the host).  Returns ms per stage and for the
+    whole frame (wall clock) for the frames after ``warmup``."""
+    import torch
+
+    device = ex.device
+    clock = StageClock(device, 4)
+    out_ms: dict[str, list[float]] = {"encode": [], "lm": [], "decode": [], "step": []}
+    ex.reset_conversation()
+    # no inference_mode: the engine calls the step without it (the models run under no_grad), and a
+    # sampler buffer first made inside it could not be updated outside it afterwards
+    for i, frame in enumerate(inputs):
+        _sync(device)
+        t0 = time.perf_counter()
+        clock.mark()
+        codes = ex.mimi.encode_frame(torch.from_numpy(frame))
+        clock.mark()
+        out = ex.gen.step(codes)
+        text = None if out is None else out.text_id  # the host sync, as the executor does
+        clock.mark()
+        if out is not None:
+            ex.mimi.decode_frame(out.audio).cpu().numpy()
+        clock.mark()
+        _sync(device)  # a no-op after the audio's copy to the host; waits only while the delays fill
+        t1 = time.perf_counter()
+        enc, lm, dec = clock.split()
+        if i >= warmup:
+            for key, ms in (("encode", enc), ("lm", lm), ("decode", dec), ("step", (t1 - t0) * 1e3)):
+                out_ms[key].append(ms)
+        del text
+    return out_ms
+
+
+def time_steps(ex, inputs: np.ndarray, warmup: int) -> list[float]:
+    """``executor.step`` as a whole (the duplex engine's call, as it makes it): wall ms per frame after
+    ``warmup``.  The device is synchronised between frames only (the step itself ends with its audio on
+    the host, so that sync waits only while the delays fill and no audio comes out)."""
+    device = ex.device
+    ex.reset_conversation()
+    ms = []
+    for i, frame in enumerate(inputs):
+        _sync(device)
+        t0 = time.perf_counter()
+        ex.step(frame)
+        _sync(device)
+        if i >= warmup:
+            ms.append((time.perf_counter() - t0) * 1e3)
+    return ms
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", help="Moshi checkpoint directory (default: the Moshi demo, made in a temp dir)")
@@ -68,34 +162,10 @@ def main(argv=None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     inputs = signal(args.warmup + args.frames, ex.sample_rate_in, ex.frame_samples_in)
-    enc, lm, dec, step = [], [], [], []
-    ex.reset_conversation()
-    clock = time.perf_counter
-    with torch.inference_mode():
-        for i, frame in enumerate(inputs):
-            t0 = clock()
-            codes = ex.mimi.encode_frame(torch.from_numpy(frame))
-            t1 = clock()
-            out = ex.gen.step(codes)
-            text = None if out is None else out.text_id  # the host sync, as the executor does
-            t2 = clock()
-            if out is not None:
-                ex.mimi.decode_frame(out.audio).numpy()
-            t3 = clock()
-            if i >= args.warmup:
-                enc.append((t1 - t0) * 1e3)
-                lm.append((t2 - t1) * 1e3)
-                dec.append((t3 - t2) * 1e3)
-                step.append((t3 - t0) * 1e3)
-            del text
-        # the executor's own step (the engine's call) as a cross-check of the staged loop
-        ex.reset_conversation()
-        whole = []
-        for i, frame in enumerate(inputs[: args.warmup + min(args.frames, 200)]):
-            t0 = clock()
-            ex.step(frame)
-            if i >= args.warmup:
-                whole.append((clock() - t0) * 1e3)
+    staged = time_stages(ex, inputs, args.warmup)
+    enc, lm, dec, step = staged["encode"], staged["lm"], staged["decode"], staged["step"]
+    # the executor's own step (the engine's call) as a cross-check of the staged loop
+    whole = time_steps(ex, inputs[: args.warmup + min(args.frames, 200)], args.warmup)
     load_after = os.getloadavg()
     cores = os.cpu_count() or 1
     frame_ms = 1e3 * ex.frame_samples_in / ex.sample_rate_in

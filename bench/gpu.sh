@@ -3,15 +3,22 @@
 # torch, safetensors, tokenizers, jinja2 and numpy - no install, no download):
 #   bench/gpu.sh [OUT_DIR]
 # Builds random-weight stacks of the real Qwen2.5-Omni 3B and 7B shapes on the GPU in bf16
-# (bench/random_stack.py) and runs `omnidesk bench` on each; JSON per size in OUT_DIR.
+# (bench/random_stack.py) and runs `omnidesk bench` on each, then a random-weight Moshi 7B + Mimi
+# (bench/moshi_stack.py) and times its per-frame duplex step; JSON per run in OUT_DIR.
 # Eager decode steps: the static-shape variants (Thinker/Talker.forward_static) that CUDA graphs
 # would capture exist, the capture itself is not wired up yet.
-set -euo pipefail
-cd "$(dirname "$0")/.."
+# A failing run does not stop the next one (device time is scarce); the exit status is 1 if any failed.
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit 1
 out=${1:-${OUT:-bench/results}}
-mkdir -p "$out"
+mkdir -p "$out" || exit 1
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$out/gpu.txt" || true
+rc=0
 for size in 3b 7b; do
   PYTHONPATH=. python3 bench/random_stack.py --size "$size" --device cuda --dtype bfloat16 \
-    --turns 3 --out "$out/omni_${size}.json"
+    --turns 3 --out "$out/omni_${size}.json" || rc=1
 done
+# Moshi 7B: 250 timed frames (20 s) after 25 warm-up frames; target p50 <= 40 ms (half a frame)
+PYTHONPATH=. python3 bench/moshi_stack.py --size 7b --device cuda --dtype bfloat16 \
+  --frames 250 --warmup 25 --out "$out/moshi_7b.json" || rc=1
+exit $rc

@@ -66,8 +66,8 @@ def main() -> int:
 
     from transformers import Qwen2_5OmniForConditionalGeneration
 
-    from omnidesk.models.loading import load_stack
-    from omnidesk.models.vocoder import StreamingPlan
+    from omnidesk.models.qwen2_5_omni.loading import load_stack
+    from omnidesk.models.qwen2_5_omni.vocoder import StreamingPlan
 
     if args.model:
         path = Path(args.model)

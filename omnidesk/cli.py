@@ -43,7 +43,7 @@ class Prepared:
     root: Path  # the checkpoint folder
     device: str
     input_rate: int  # the audio encoder's sampling rate (WAV inputs are resampled to it)
-    family: object = None  # the omnidesk.models.families.Family (None: Qwen2.5-Omni, as before the registry)
+    family: object = None  # the omnidesk.models.families.Family
 
     @property
     def duplex(self) -> bool:
@@ -52,11 +52,8 @@ class Prepared:
 
 def _prepare(args, out) -> Prepared:
     """Check the device, choose the model (as the window does) and say which and why, in one line."""
-    from omnidesk.models.choice import (DEMO, WHY_CONFIGURED, check_device, choose_model, default_device,
-                                        why_default_device)
-    from omnidesk.models.families import QWEN, demo_family, family_of
-    from omnidesk.models.features import FeatureConfig
-    from omnidesk.models.loading import CheckpointError, resolve_checkpoint
+    from omnidesk.models.choice import WHY_CONFIGURED, check_device, choose_model, default_device, why_default_device
+    from omnidesk.models.families import demo_family, resolve_model
 
     args.doing = "choosing the model"
     if args.device:
@@ -66,79 +63,45 @@ def _prepare(args, out) -> Prepared:
     choice = choose_model(args.model, remembered=None if args.model else _remembered_model())
     why = "given with --model" if choice.why == WHY_CONFIGURED else choice.why
     print(f"model: {choice.source} ({why}); device: {device} ({device_why})", file=out, flush=True)
-    if choice.source == DEMO:
-        from omnidesk.models.demo import make_demo
-
+    if demo_family(choice.source) is not None:  # a demo name: made on first use
         args.doing = "making the demo model"
         t0 = time.perf_counter()
-        root = make_demo()
-        print(f"demo model at {root} ({(time.perf_counter() - t0) * 1000:.0f} ms)", file=out)
-    elif demo_family(choice.source) is not None:  # another family's demo ("moshi-demo"): made on first use
-        args.doing = "making the demo model"
-        t0 = time.perf_counter()
-        root = demo_family(choice.source).make_demo()
+        root, family = resolve_model(choice.source, make_demo=True)
         print(f"demo model at {root} ({(time.perf_counter() - t0) * 1000:.0f} ms)", file=out)
     else:
-        root = resolve_checkpoint(choice.source)
-    try:
-        family = family_of(root)
-    except CheckpointError:  # not a layout the registry knows: the Qwen loader says what is wrong with it
-        family = QWEN
-    if family.duplex:
-        from omnidesk.engine.duplex import SESSION_RATE
-
-        return Prepared(choice.source, root, device, SESSION_RATE, family)  # the engine resamples to the model
-    try:
-        rate = FeatureConfig.from_preprocessor_config(root).sampling_rate
-    except Exception:  # loading names what is wrong with the checkpoint
-        rate = 16000
-    return Prepared(choice.source, root, device, rate, family)
+        root, family = resolve_model(choice.source)
+    return Prepared(choice.source, root, device, family.input_rate(root), family)
 
 
-# Options of the turn-based (Qwen2.5-Omni) pipeline that a full-duplex model has no use for:
-# Moshi has one voice, and no reply to limit (it talks when it likes, one frame at a time).
-DUPLEX_IGNORED = (("voice", "--voice"), ("max_text_tokens", "--max-text-tokens"),
-                  ("max_codec_tokens", "--max-codec-tokens"))
-
-
-def _load_duplex(args, prepared: Prepared, out):
-    """Load a full-duplex checkpoint (Moshi) as its executor, printing the demo notice where it applies."""
-    from omnidesk.models.moshi.executor import load_moshi
-
-    ignored = [flag for name, flag in DUPLEX_IGNORED if getattr(args, name, None) is not None]
-    if ignored:
-        print(f"note: {', '.join(ignored)} ha{'ve' if len(ignored) > 1 else 's'} no meaning for "
-              f"{prepared.family.title} (one voice, no reply length: it talks when it likes); ignored", file=out)
-    args.doing = "loading the model"
-    executor = load_moshi(prepared.root, device=prepared.device, greedy=bool(getattr(args, "greedy", False)),
-                          seed=int(getattr(args, "seed", 0) or 0))
-    if prepared.family.is_demo(prepared.root):
-        print(f"NOTE: {prepared.family.demo_notice}", file=out)
-    return executor
-
-
-def _refuse_duplex(prepared: Prepared, command: str, instead: str = "") -> None:
-    if prepared.duplex:
-        raise UsageError(f"`omnidesk {command}` runs turn-based models; {prepared.family.title} is full duplex: "
+def _turn_tools(prepared: Prepared, command: str, instead: str = ""):
+    """The family's unstreamed one-turn tools; a UsageError where it has none (a full-duplex model)."""
+    family = prepared.family
+    if family.turn_tools is None:
+        kind = "is full duplex" if family.duplex else "has no one-turn tools"
+        raise UsageError(f"`omnidesk {command}` runs one turn of a turn-based model; {family.title} {kind}: "
                          f"use `omnidesk talk` or `omnidesk live`" + (f" ({instead})" if instead else ""))
+    return family.turn_tools()
 
 
 def _load(args, prepared: Prepared, out):
-    """Load the prepared checkpoint, printing the demo notice where it applies: a Qwen2.5-Omni
-    stack, or for a full-duplex family (Moshi) its ready executor (``.duplex`` is True)."""
-    from omnidesk.models.demo import DEMO_NOTICE, is_demo
-    from omnidesk.models.loading import load_stack
+    """Load the prepared checkpoint through its family (a :class:`~omnidesk.models.families.Loaded`),
+    saying which options the family has no use for and printing the demo notice where it applies."""
+    from omnidesk.models.families import LoadOptions
 
-    if prepared.duplex:
-        return _load_duplex(args, prepared, out)
+    options = LoadOptions(greedy=bool(getattr(args, "greedy", False)), seed=int(getattr(args, "seed", 0) or 0),
+                          voice=getattr(args, "voice", None), max_text_tokens=getattr(args, "max_text_tokens", None),
+                          max_codec_tokens=getattr(args, "max_codec_tokens", None))
+    family = prepared.family
+    ignored = ["--" + name.replace("_", "-") for name in family.ignored_options
+               if getattr(options, name, None) is not None]
+    if ignored:
+        print(f"note: {', '.join(ignored)} ha{'ve' if len(ignored) > 1 else 's'} no meaning for "
+              f"{family.title}; ignored", file=out)
     args.doing = "loading the model"
-    stack = load_stack(prepared.root, device=prepared.device)
-    if is_demo(stack.config.raw):
-        print(f"NOTE: {DEMO_NOTICE}", file=out)
-    voice = getattr(args, "voice", None)
-    if voice and voice not in stack.voices:
-        raise UsageError(f"unknown voice '{voice}'; this model has: {', '.join(stack.voices) or 'no voices'}")
-    return stack
+    loaded = family.load(prepared.root, prepared.device, options)
+    if loaded.demo:
+        print(f"NOTE: {family.demo_notice}", file=out)
+    return loaded
 
 
 # ---------------------------------------------------------------- input and output files
@@ -241,86 +204,44 @@ def _check_writable(path_text: str | None, option: str) -> None:
 # ---------------------------------------------------------------- commands
 
 def cmd_make_demo(args) -> int:
-    from omnidesk.models.demo import DEMO_NOTICE, make_demo
-    from omnidesk.models.families import family_named
+    from omnidesk.models.families import FAMILIES, family_named
 
-    if args.family:
-        try:
-            family = family_named(args.family)
-        except ValueError as e:
-            raise UsageError(str(e)) from None
-        if family.name != "qwen2_5_omni":
-            t0 = time.perf_counter()
-            path = family.make_demo(args.dir, force=args.force)
-            size = sum(p.stat().st_size for p in path.iterdir()) / 1e6
-            print(f"{path}  ({size:.1f} MB, {(time.perf_counter() - t0) * 1000:.0f} ms; "
-                  f"--model {family.demo_name} names it)")
-            print(f"NOTE: {family.demo_notice}")
-            return 0
+    try:
+        family = family_named(args.family) if args.family else FAMILIES[0]
+    except ValueError as e:
+        raise UsageError(str(e)) from None
     t0 = time.perf_counter()
-    path = make_demo(args.dir, force=args.force)
+    path = family.make_demo(args.dir, force=args.force)
     size = sum(p.stat().st_size for p in path.iterdir()) / 1e6
-    print(f"{path}  ({size:.1f} MB, {(time.perf_counter() - t0) * 1000:.0f} ms)")
-    print(f"NOTE: {DEMO_NOTICE}")
+    print(f"{path}  ({size:.1f} MB, {(time.perf_counter() - t0) * 1000:.0f} ms; --model {family.demo_name} names it)")
+    print(f"NOTE: {family.demo_notice}")
     return 0
 
 
 def cmd_models_list(args) -> int:
+    from omnidesk.models.checkpoint import hf_hub_cache
+    from omnidesk.models.families import SMALLEST_REPO
     from omnidesk.models.inventory import find_checkpoints
-    from omnidesk.models.loading import hf_hub_cache
 
     found = find_checkpoints([Path(d) for d in args.dir or []], include_demo=True)
     for info in found:
         state = "ok" if info.loads else "BROKEN"
         demo = "  (the demo model: random weights, its replies are noise)" if info.demo else ""
         params = f"{info.params / 1e9:.2f}B" if info.params >= 1e9 else f"{info.params / 1e6:.1f}M"
-        print(f"{info.name}{demo}\n    {info.path}\n    {info.size_bytes / 1e9:.2f} GB, {params} params, "
-              f"{info.dtype}, voices: {', '.join(info.voices) or '-'}, {state}")
+        print(f"{info.name}{demo}\n    {info.path}\n    {info.title}{' (full duplex)' if info.duplex else ''}, "
+              f"{info.size_bytes / 1e9:.2f} GB, {params} params, {info.dtype}, "
+              f"voices: {', '.join(info.voices) or '-'}, {state}")
         for problem in info.problems:
             print(f"    problem: {problem}")
     if not any(not info.demo for info in found):
-        print(f"no real Qwen2.5-Omni checkpoint found in the Hugging Face cache ({hf_hub_cache()})"
+        print(f"no real checkpoint found in the Hugging Face cache ({hf_hub_cache()})"
               + (" or the given folders" if args.dir else "")
-              + "; get one with: omnidesk models download Qwen/Qwen2.5-Omni-3B")
+              + f"; get one with: omnidesk models download {SMALLEST_REPO}")
     return 0
 
 
-def _verify_duplex(target: str, args) -> bool:
-    """`models verify` of a full-duplex (Moshi) checkpoint: its files and config, and a load test (which
-    checks every tensor name, shape and dtype).  False when ``target`` is not one (the Qwen path runs)."""
-    from omnidesk.models.families import family_of
-    from omnidesk.models.loading import CheckpointError, resolve_checkpoint
-
-    try:
-        root = resolve_checkpoint(target)
-        family = family_of(root)
-    except CheckpointError:
-        return False  # the Qwen verifier says what is wrong
-    if not family.duplex:
-        return False
-    from omnidesk.models.moshi.executor import load_moshi, read_config
-
-    cfg, _ = read_config(root)
-    for name in (cfg.moshi_name, cfg.mimi_name, cfg.tokenizer_name):
-        if not (root / name).is_file():
-            raise CheckpointError(f"{root}: missing file {name}")
-        print(f"  ok  {name}")
-    if args.no_load_test:
-        print("  --  load test skipped (--no-load-test)")
-    else:
-        load_moshi(root)
-        print(f"  ok  loads as {family.title} (every tensor name, shape and dtype checked)")
-    if family.is_demo(root):
-        print(f"  --  {family.demo_notice}")
-    print("verified: no problems")
-    return True
-
-
 def cmd_models_verify(args) -> int:
-    import json
-
-    from omnidesk.models.demo import DEMO_NOTICE, is_demo
-    from omnidesk.models.inventory import verify
+    from omnidesk.models.families import family_named, verify
 
     if args.path and args.model and args.path != args.model:
         raise UsageError(f"two checkpoints to verify ('{args.path}' and --model '{args.model}'); give one")
@@ -331,19 +252,17 @@ def cmd_models_verify(args) -> int:
         choice = choose_model(None, remembered=_remembered_model())
         target = choice.source
         print(f"verifying {target} ({choice.why}; name another with: omnidesk models verify PATH|REPO|demo)")
-    if _verify_duplex(target, args):
-        return 0
     report = verify(target, load_test=not args.no_load_test)
-    try:
-        demo = is_demo(json.loads((report.path / "config.json").read_text()))
-    except (OSError, ValueError):
-        demo = False
+    if report.family:
+        print(f"  {family_named(report.family).title} checkpoint at {report.path}")
     for line in report.checked:
         print(f"  ok  {line}")
-    for line in getattr(report, "notes", []):
+    if args.no_load_test:
+        print("  --  load test skipped (--no-load-test)")
+    for line in report.notes:
         print(f"  --  {line}")
-    if demo:
-        print(f"  --  {DEMO_NOTICE}")
+    if report.demo:
+        print(f"  --  {family_named(report.family).demo_notice}")
     for line in report.problems:
         print(f"  !!  {line}")
     print("verified: no problems" if report.ok else f"{len(report.problems)} problem(s)")
@@ -351,7 +270,8 @@ def cmd_models_verify(args) -> int:
 
 
 def cmd_models_download(args) -> int:
-    from omnidesk.models.download import RECOMMENDED, DownloadError, download
+    from omnidesk.models.families import RECOMMENDED
+    from omnidesk.models.download import DownloadError, download
 
     hint = RECOMMENDED.get(args.repo)
     if hint:
@@ -377,24 +297,22 @@ def cmd_doctor(args) -> int:
 def cmd_reply(args) -> int:
     import torch
 
-    from omnidesk.engine.offline import generate_reply
-    from omnidesk.models.reply import talker_defaults
     from omnidesk.models.sampling import SamplingParams
 
     prepared = _prepare(args, sys.stdout)
-    _refuse_duplex(prepared, "reply")
+    tools = _turn_tools(prepared, "reply")
     args.doing = "reading the input"
     _check_writable(args.output, "--output")
     wave = torch.from_numpy(_read_input(args.input, prepared.input_rate, None if args.no_vad else "webrtc"))
-    stack = _load(args, prepared, sys.stdout)
+    stack = _load(args, prepared, sys.stdout).stack
     args.doing = "generating the reply"
     t0 = time.perf_counter()
-    reply = generate_reply(stack, wave, voice=args.voice,
-                           thinker_sampling=SamplingParams(greedy=True) if args.greedy else
-                           SamplingParams(temperature=0.7, top_p=0.9),
-                           talker_sampling=talker_defaults(stack, greedy=args.greedy),
-                           max_text_tokens=args.max_text_tokens, max_codec_tokens=args.max_codec_tokens,
-                           seed=args.seed)
+    reply = tools.generate_reply(stack, wave, voice=args.voice,
+                                 thinker_sampling=SamplingParams(greedy=True) if args.greedy else
+                                 SamplingParams(temperature=0.7, top_p=0.9),
+                                 talker_sampling=tools.talker_defaults(stack, greedy=args.greedy),
+                                 max_text_tokens=args.max_text_tokens, max_codec_tokens=args.max_codec_tokens,
+                                 seed=args.seed)
     elapsed = time.perf_counter() - t0
     print(f"heard {wave.shape[0] / stack.features.sampling_rate:.2f} s -> {len(reply.prompt_ids)} prompt tokens")
     print(f"reply text ({len(reply.text_ids)} tokens): {reply.text!r}")
@@ -436,10 +354,8 @@ def cmd_talk(args) -> int:
     import soundfile as sf
 
     from omnidesk.engine.engine import EngineConfig
-    from omnidesk.engine.executors.qwen2_5_omni import executor_for
     from omnidesk.engine.talk import Script, latency_table, run_script
     from omnidesk.engine.timeline import Timeline
-    from omnidesk.models.demo import is_demo
 
     barge_seconds = barge_path = None
     if args.barge_in:
@@ -462,16 +378,10 @@ def cmd_talk(args) -> int:
     inputs = [_read_input(p, rate, None if args.no_vad else args.vad) for p in args.input]
     # a barge-in need not be speech (a cough tests a false barge-in): only silence is refused
     barge = None if barge_path is None else (barge_seconds, _read_input(barge_path, rate, None))
-    stack = _load(args, prepared, sys.stdout)
+    loaded = _load(args, prepared, sys.stdout)
     args.doing = "the scripted conversation"
-    if prepared.duplex:
-        executor = stack  # a full-duplex family loads as its executor
-        timeline = Timeline(model=executor.model_info(), device=str(executor.device))
-    else:
-        executor = executor_for(stack, greedy=args.greedy, max_text_tokens=args.max_text_tokens,
-                                max_codec_tokens=args.max_codec_tokens)
-        timeline = Timeline(model={"path": str(stack.path), "demo": is_demo(stack.config.raw),
-                                   "dtype": str(stack.dtype).replace("torch.", "")}, device=str(stack.device))
+    executor = loaded.executor
+    timeline = Timeline(model=loaded.model_info, device=loaded.device)
     config = EngineConfig(voice=args.voice, seed=args.seed)
     detector = None
     if args.vad == "webrtc":
@@ -557,22 +467,15 @@ def cmd_live(args) -> int:
     from omnidesk.audio.aec import EchoCancellerUnavailable
     from omnidesk.audio.session import LiveSession, LiveSettings
     from omnidesk.engine.engine import EngineConfig
-    from omnidesk.engine.executors.qwen2_5_omni import executor_for
     from omnidesk.engine.talk import LATENCY_HEADER, latency_row
     from omnidesk.engine.timeline import Timeline
-    from omnidesk.models.demo import is_demo
 
     prepared = _prepare(args, sys.stdout)
     _check_writable(args.timeline, "--timeline")
-    stack = _load(args, prepared, sys.stdout)
+    loaded = _load(args, prepared, sys.stdout)
     args.doing = "the live conversation"
-    if prepared.duplex:
-        executor = stack
-        timeline = Timeline(model=executor.model_info(), device=str(executor.device))
-    else:
-        executor = executor_for(stack)
-        timeline = Timeline(model={"path": str(stack.path), "demo": is_demo(stack.config.raw),
-                                   "dtype": str(stack.dtype).replace("torch.", "")}, device=str(stack.device))
+    executor = loaded.executor
+    timeline = Timeline(model=loaded.model_info, device=loaded.device)
     finished = threading.Event()
     turns_done = [0]
     errors: list[str] = []
@@ -630,14 +533,12 @@ def cmd_live(args) -> int:
 def cmd_bench(args) -> int:
     import json
 
-    from omnidesk.engine import bench
-
     # stdout is the JSON: what was chosen and the demo notice go to stderr
     prepared = _prepare(args, sys.stderr)
-    _refuse_duplex(prepared, "bench", "bench/duplex.py measures its per-frame step")
-    stack = _load(args, prepared, sys.stderr)
+    tools = _turn_tools(prepared, "bench", "bench/duplex.py measures its per-frame step")
+    stack = _load(args, prepared, sys.stderr).stack
     args.doing = "the benchmark"
-    result = bench.run(stack, turns=args.turns, interrupts=args.interrupts,
+    result = tools.run_bench(stack, turns=args.turns, interrupts=args.interrupts,
                        with_transformers=not args.no_transformers)
     text = json.dumps(result, indent=2)
     if args.out:
@@ -649,7 +550,7 @@ def cmd_bench(args) -> int:
 
 def cmd_default(args) -> int:
     """No subcommand: the desktop window, on the best model available (--model, else the one picked
-    in the window last time, else a Qwen2.5-Omni checkpoint in the Hugging Face cache, else the demo
+    in the window last time, else a checkpoint in the Hugging Face cache, else the demo
     model).  Without a display (SSH, containers) it runs one check turn in the terminal instead."""
     from omnidesk.gui.app import display_problem
 
@@ -670,25 +571,29 @@ def cmd_default(args) -> int:
 
     import torch
 
-    from omnidesk.engine.offline import generate_reply
-
     print(f"{problem}\nRunning one check turn in the terminal instead.", file=sys.stderr)
     prepared = _prepare(args, sys.stdout)
-    _refuse_duplex(prepared, "(the check turn)")
-    stack = _load(args, prepared, sys.stdout)
+    tools = _turn_tools(prepared, "(the check turn)")
+    stack = _load(args, prepared, sys.stdout).stack
     args.doing = "the check turn"
     t = torch.arange(int(1.5 * stack.features.sampling_rate)) / stack.features.sampling_rate
     wave = (0.3 * torch.sin(2 * torch.pi * 180 * t) * torch.sin(torch.pi * t / 1.5)).float()
-    reply = generate_reply(stack, wave, max_text_tokens=24, max_codec_tokens=100)
+    reply = tools.generate_reply(stack, wave, max_text_tokens=24, max_codec_tokens=100)
     print(f"model ready: {stack.path}")
     print(f"one turn on a synthetic 1.5 s tone: {len(reply.text_ids)} text tokens, {len(reply.codec_ids)} speech tokens")
     return 0
 
 
-MODEL_HELP = ("checkpoint folder (Qwen2.5-Omni or Moshi), cached repo id (e.g. Qwen/Qwen2.5-Omni-7B), 'demo' or "
-              "'moshi-demo' (the tiny Moshi demo, made on first use); default: the model "
-              "picked in the window last time, else the smallest intact Qwen2.5-Omni checkpoint in the Hugging "
-              "Face cache, else the demo model (its replies are noise)")
+def _model_help() -> str:
+    from omnidesk.models.families import FAMILIES, RECOMMENDED
+
+    titles = " or ".join(f.title for f in FAMILIES)
+    demos = ", ".join(f"'{f.demo_name}' ({f.title})" for f in FAMILIES)
+    return (f"checkpoint folder ({titles}), cached repo id (e.g. {', '.join(RECOMMENDED)}) or a demo: {demos}, "
+            f"tiny and made on first use, their replies are noise; default: the model picked in the window last "
+            f"time, else the smallest intact checkpoint in the Hugging Face cache, else '{FAMILIES[0].demo_name}'")
+
+
 DEVICE_HELP = "cpu or cuda[:N]; default: cuda when torch can use a GPU, else cpu"
 BOTH_HELP = (" May also be given before the command (omnidesk {opt} ... reply ...); giving it before and after "
              "the command with different values is an error.")
@@ -698,7 +603,7 @@ def _model_options(p: argparse.ArgumentParser, device: bool = True) -> None:
     """--model/--device of a command; they land in sub_model/sub_device and are merged with the
     top-level options by :func:`_merge_options`."""
     p.add_argument("--model", dest="sub_model", metavar="MODEL",
-                   help=MODEL_HELP + "." + BOTH_HELP.format(opt="--model"))
+                   help=_model_help() + "." + BOTH_HELP.format(opt="--model"))
     if device:
         p.add_argument("--device", dest="sub_device", metavar="DEVICE",
                        help=DEVICE_HELP + "." + BOTH_HELP.format(opt="--device"))
@@ -721,12 +626,14 @@ def _merge_options(args) -> None:
 
 
 def _build_parser() -> argparse.ArgumentParser:
+    from omnidesk.models.families import FAMILIES, RECOMMENDED
+
     parser = argparse.ArgumentParser(
-        prog="omnidesk", description="A local voice assistant (Qwen2.5-Omni).",
+        prog="omnidesk", description=f"A local voice assistant ({', '.join(f.title for f in FAMILIES)}).",
         epilog="Without a command: the desktop window.  Errors: one line starting 'error:' on stderr; exit code "
                f"2 for a problem you can fix (a file, a device, a checkpoint), 1 for anything else (set "
                f"{DEBUG_ENV}=1 for the traceback).")
-    parser.add_argument("--model", help=MODEL_HELP + ". Applies to the window, reply, talk, live, bench and "
+    parser.add_argument("--model", help=_model_help() + ". Applies to the window, reply, talk, live, bench and "
                                                      "models verify; a command's own --model must not differ.")
     parser.add_argument("--device", help=DEVICE_HELP + ". Applies to the window, reply, talk, live and bench; "
                                                        "a command's own --device must not differ.")
@@ -739,11 +646,12 @@ def _build_parser() -> argparse.ArgumentParser:
     demo = msub.add_parser("make-demo", help="write the tiny random demo checkpoint (its replies are noise)")
     demo.add_argument("--dir", help="where to write it (default: the user cache dir)")
     demo.add_argument("--force", action="store_true", help="rewrite even if it exists")
-    demo.add_argument("--family", help="which model family's demo: qwen2_5_omni (default, named 'demo') or moshi "
-                                       "(full duplex, named 'moshi-demo')")
+    demo.add_argument("--family", help="which model family's demo: " + ", ".join(
+        f"{f.name} ({'default, ' if f is FAMILIES[0] else ''}{'full duplex, ' if f.duplex else ''}named "
+        f"'{f.demo_name}')" for f in FAMILIES))
     demo.set_defaults(func=cmd_make_demo)
-    mlist = msub.add_parser("list", help="Qwen2.5-Omni checkpoints found locally (HF cache, --dir folders, "
-                                         "and the demo model once made)")
+    mlist = msub.add_parser("list", help="checkpoints found locally (HF cache, --dir folders, and the demo "
+                                         "models once made)")
     mlist.add_argument("--dir", action="append", help="also look in this folder (repeatable)")
     mlist.set_defaults(func=cmd_models_list)
     mverify = msub.add_parser("verify", help="check a checkpoint: files, headers, tensor names/shapes, a load test")
@@ -752,8 +660,9 @@ def _build_parser() -> argparse.ArgumentParser:
     _model_options(mverify, device=False)
     mverify.add_argument("--no-load-test", action="store_true")
     mverify.set_defaults(func=cmd_models_verify)
-    mdl = msub.add_parser("download", help="download Qwen/Qwen2.5-Omni-3B or -7B (only when you ask; resumable)")
-    mdl.add_argument("repo", help="e.g. Qwen/Qwen2.5-Omni-3B")
+    mdl = msub.add_parser("download", help="download a published checkpoint (only when you ask; resumable): "
+                                           + ", ".join(RECOMMENDED))
+    mdl.add_argument("repo", help=f"e.g. {next(iter(RECOMMENDED))}")
     mdl.add_argument("--endpoint", help="another hub endpoint (a mirror)")
     mdl.add_argument("--cache-dir", help="download into this cache instead of the Hugging Face cache")
     mdl.add_argument("--no-progress", action="store_true")
@@ -844,10 +753,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _build_parser().parse_args(argv)
     from omnidesk.audio.device import AudioDeviceError
     from omnidesk.models.choice import DeviceError
-    from omnidesk.models.config import ConfigError
-    from omnidesk.models.features import FeatureConfigError
-    from omnidesk.models.loading import CheckpointError
-    from omnidesk.models.tokenizer import TokenizerError
+    from omnidesk.models.checkpoint import CheckpointError, ConfigError
 
     if args.install_desktop_entry:
         from omnidesk.desktop import install_desktop_entry
@@ -859,8 +765,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         _merge_options(args)
         return args.func(args) if getattr(args, "func", None) else cmd_default(args)
-    except (UsageError, DeviceError, CheckpointError, ConfigError, FeatureConfigError, TokenizerError,
-            AudioDeviceError) as e:
+    except (UsageError, DeviceError, CheckpointError, ConfigError, AudioDeviceError) as e:
         print(f"error: {str(e).strip() or type(e).__name__}", file=sys.stderr)
         return EXIT_USER_ERROR
     except KeyboardInterrupt:

@@ -19,7 +19,6 @@ class Check(NamedTuple):
     fix: str | None = None
 
 
-MODEL_HINT = "omnidesk models download Qwen/Qwen2.5-Omni-3B"
 QT_NO_DISPLAY = "no display: the window needs a desktop session or Xvfb; offscreen works for tests"
 
 
@@ -41,6 +40,12 @@ def check_torch() -> Check:
     return Check("torch", True, f"{torch.__version__} ({build})")
 
 
+def _gpu_needs() -> str:
+    from .models.families import RECOMMENDED
+
+    return ", ".join(f"{r.gpu_memory_gb} GB for {repo.split('/')[-1]}" for repo, r in RECOMMENDED.items())
+
+
 def check_gpu() -> Check:
     try:
         import torch
@@ -49,8 +54,8 @@ def check_gpu() -> Check:
     if not torch.cuda.is_available():
         why = "this torch is a CPU-only build" if not torch.version.cuda else "no usable NVIDIA GPU / driver found"
         return Check("GPU", False, f"no CUDA GPU ({why}): the demo model runs on the CPU, "
-                     "real Qwen2.5-Omni models need an NVIDIA GPU",
-                     "use a machine with an NVIDIA GPU (16 GB for 3B, 24 GB+ for 7B) and a CUDA build of torch "
+                     "real models need an NVIDIA GPU",
+                     f"use a machine with an NVIDIA GPU ({_gpu_needs()}) and a CUDA build of torch "
                      "(see https://pytorch.org/get-started/locally/)")
     parts = []
     for i in range(torch.cuda.device_count()):
@@ -171,33 +176,31 @@ def check_qt() -> Check:
 
 
 def check_models() -> Check:
-    from .models.loading import CheckpointError, hf_hub_cache, resolve_checkpoint
+    from .models.checkpoint import cached_repos, cached_snapshot, hf_hub_cache, repo_cache_dir
+    from .models.families import RECOMMENDED, SMALLEST_REPO, detect_family
 
     cache = hf_hub_cache()
-    found, broken = [], []
-    if cache.is_dir():
-        for d in sorted(cache.glob("models--Qwen--Qwen2.5-Omni-*")):
-            repo = d.name[len("models--"):].replace("--", "/", 1)
-            try:
-                resolve_checkpoint(repo)
-                found.append(repo)
-            except CheckpointError:
-                broken.append(repo)
+    found = [f"{repo} ({family.title})" for repo, snap in cached_repos()
+             if (family := detect_family(snap)) is not None]
+    # a known repo whose folder exists without a usable snapshot: the download stopped halfway
+    broken = [repo for repo in RECOMMENDED if repo_cache_dir(repo).is_dir() and cached_snapshot(repo_cache_dir(repo))
+              is None]
     if found:
         extra = f" (incomplete: {', '.join(broken)})" if broken else ""
         return Check("models", True, f"{', '.join(found)} in {cache}{extra}")
     detail = (f"incomplete download of {', '.join(broken)} in {cache}" if broken
-              else f"no Qwen2.5-Omni model in {cache} (the demo model works without one)")
-    return Check("models", False, detail, MODEL_HINT if not broken else f"omnidesk models download {broken[0]}")
+              else f"no model in {cache} (the demo models work without one)")
+    return Check("models", False, detail, f"omnidesk models download {broken[0] if broken else SMALLEST_REPO}")
 
 
 def check_demo() -> Check:
-    from .models.demo import default_demo_dir
+    from .models.families import FAMILIES
 
-    path = default_demo_dir()
-    if (path / "config.json").is_file():
-        return Check("demo model", True, f"built at {path}")
-    return Check("demo model", True, f"not built yet; made on first use at {path}")
+    made = [f"{f.demo_name} at {f.demo_dir()}" for f in FAMILIES if (f.demo_dir() / "config.json").is_file()]
+    waiting = [f.demo_name for f in FAMILIES if not (f.demo_dir() / "config.json").is_file()]
+    detail = "; ".join(([f"built: {', '.join(made)}"] if made else [])
+                       + ([f"not built yet (made on first use): {', '.join(waiting)}"] if waiting else []))
+    return Check("demo model", True, detail)
 
 
 CHECKS: list[tuple[str, Callable[[], Check]]] = [

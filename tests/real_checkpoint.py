@@ -11,7 +11,7 @@ What :func:`ensure_checkpoint` writes (and what a user's download of Qwen/Qwen2.
   in F32, as on the hub (tests/data/README.md);
 * ``generation_config.json``, ``preprocessor_config.json`` (Whisper features + the Qwen2-VL image
   keys) and the tokenizer files with ``chat_template.json``: a byte-level BPE filling ids
-  0..151642 (omnidesk.models.tokenizer.write_tokenizer_files) whose added tokens are then put at
+  0..151642 (omnidesk.models.qwen2_5_omni.tokenizer.write_tokenizer_files) whose added tokens are then put at
   the real ids 151643..151664, in the real order, so config.json's ids (audio 151646-151648,
   vision 151652-151656) name the right tokens;
 * ``spk_dict.pt`` in the published layout: Chelsie (bos 151872) and Ethan (bos 151870), each
@@ -204,7 +204,7 @@ def write_shard(path: Path, names: list[str], tensors: dict, make) -> None:
 
 def write_tokenizer(root: Path) -> dict[str, int]:
     """A BPE over ids 0..151642 with the added tokens at their real ids; returns token -> id."""
-    from omnidesk.models.tokenizer import SPECIAL_TOKENS, write_tokenizer_files
+    from omnidesk.models.qwen2_5_omni.tokenizer import SPECIAL_TOKENS, write_tokenizer_files
 
     vocab = json.loads(CONFIG.read_text())["thinker_config"]["text_config"]["vocab_size"]
     write_tokenizer_files(root, vocab_size=vocab, first_special_id=FIRST_ADDED_ID)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from omnidesk.models.audio_encoder import AudioEncoder
-from omnidesk.models.config import AudioEncoderConfig
+from omnidesk.models.qwen2_5_omni.audio_encoder import AudioEncoder
+from omnidesk.models.qwen2_5_omni.config import AudioEncoderConfig
 from tests.tiny import VARIANTS
 
 LENGTHS = (150, 200, 437, 800)
@@ -17,7 +17,7 @@ def _audio_config_dict(variant: str) -> dict:
         from tests.tiny import build_config
 
         return build_config(variant).thinker_config.audio_config.to_dict()
-    except ImportError:  # omnidesk.models.tokenizer not written yet: same values, built here
+    except ImportError:  # omnidesk.models.qwen2_5_omni.tokenizer not written yet: same values, built here
         v = VARIANTS[variant]
         return dict(num_mel_bins=128, max_source_positions=1500, n_window=100,
                     output_dim=v["text"]["hidden_size"], **v["audio"])

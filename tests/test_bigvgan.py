@@ -12,8 +12,8 @@ import copy
 import pytest
 import torch
 
-from omnidesk.models.bigvgan import BigVGAN, BigVGANConfig
-from omnidesk.models.config import ConfigError
+from omnidesk.models.qwen2_5_omni.bigvgan import BigVGAN, BigVGANConfig
+from omnidesk.models.checkpoint import ConfigError
 
 # Gain of the random conv weights (times 1/sqrt(fan_in)): transformers' own init makes the
 # waveform ~1e-4, too small for an absolute tolerance to mean anything; 0.6 gives a std of

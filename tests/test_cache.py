@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from omnidesk.models.kv_cache import CacheFullError, KVCache
-from omnidesk.models.loading import load_stack
+from omnidesk.models.qwen2_5_omni.loading import load_stack
 
 
 @pytest.fixture(scope="module", params=["a", "b"])

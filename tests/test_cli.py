@@ -23,7 +23,7 @@ import torch
 from omnidesk import cli
 from omnidesk.models import choice as choice_mod
 from omnidesk.models.choice import DEMO, DeviceError, check_device, choose_model, default_device
-from omnidesk.models.demo import default_demo_dir, make_demo
+from omnidesk.models.qwen2_5_omni.demo import default_demo_dir, make_demo
 
 FIXTURES = Path(__file__).parent / "fixtures"
 QUESTION = FIXTURES / "question.wav"  # 16 kHz mono synthetic speech (webrtcvad hears it)
@@ -70,7 +70,7 @@ def demo(demo_src):
 
 @pytest.fixture(scope="module")
 def demo_stack(demo_src):
-    from omnidesk.models.loading import load_stack
+    from omnidesk.models.qwen2_5_omni.loading import load_stack
 
     return load_stack(demo_src)
 
@@ -78,7 +78,7 @@ def demo_stack(demo_src):
 @pytest.fixture
 def fast_load(monkeypatch, demo, demo_stack):
     """Loading the demo returns the module's loaded copy; anything else fails loudly."""
-    import omnidesk.models.loading as loading
+    import omnidesk.models.qwen2_5_omni.loading as loading
 
     loads = []
 
@@ -94,7 +94,7 @@ def fast_load(monkeypatch, demo, demo_stack):
 @pytest.fixture
 def no_load(monkeypatch):
     """Loading a model is a test failure: the inputs must be refused before."""
-    import omnidesk.models.loading as loading
+    import omnidesk.models.qwen2_5_omni.loading as loading
 
     def load(*a, **kw):
         raise AssertionError("the model was loaded")
@@ -258,7 +258,7 @@ def test_top_level_options_apply_to_the_command(capsys, no_load, demo):
 
 def test_models_list_and_verify_know_the_demo(capsys, demo_src):
     rc, out, _ = run_cli(capsys, "models", "list")
-    assert rc == 0 and out.startswith("no real Qwen2.5-Omni checkpoint found in the Hugging Face cache")
+    assert rc == 0 and out.startswith("no real checkpoint found in the Hugging Face cache")
     rc, out, _ = run_cli(capsys, "models", "verify", "demo")
     assert rc == 1 and "the demo model is not made yet" in out and "omnidesk models make-demo" in out
 
@@ -268,7 +268,7 @@ def test_models_list_and_verify_know_the_demo(capsys, demo_src):
     rc, out, _ = run_cli(capsys, "models", "list")
     assert rc == 0
     assert out.splitlines()[0] == "demo  (the demo model: random weights, its replies are noise)"
-    assert out.splitlines()[1].strip() == str(target) and "no real Qwen2.5-Omni checkpoint" in out
+    assert out.splitlines()[1].strip() == str(target) and "no real checkpoint" in out
     for argv in (["models", "verify", "demo"], ["--model", "demo", "models", "verify"],
                  ["models", "verify", "--model", "demo"]):
         rc, out, _ = run_cli(capsys, *argv, "--no-load-test")
@@ -289,7 +289,7 @@ def test_models_list_shows_real_checkpoints_with_the_demo(capsys, monkeypatch, h
 
 
 def test_demo_resolves_by_name_but_a_folder_path_still_works(demo, tmp_path, monkeypatch):
-    from omnidesk.models.loading import resolve_checkpoint
+    from omnidesk.models.checkpoint import resolve_checkpoint
 
     assert resolve_checkpoint("demo") == demo
     (tmp_path / "demo").mkdir()
@@ -391,12 +391,12 @@ def test_download_prints_its_size_estimate_once(capsys, monkeypatch, tmp_path):
 # ---------------------------------------------------------------- 8. unexpected failures
 
 def test_an_unexpected_failure_is_one_error_line_and_a_log(capsys, monkeypatch, home, fast_load):
-    import omnidesk.engine.offline as offline
+    import omnidesk.models.qwen2_5_omni.tools as tools
 
     def boom(*a, **kw):
         raise RuntimeError("boom\nsecond line")
 
-    monkeypatch.setattr(offline, "generate_reply", boom)
+    monkeypatch.setattr(tools, "generate_reply", boom)
     rc, _, err = run_cli(capsys, "--model", "demo", "reply", "--input", QUESTION)
     log = home / "state" / "omnidesk" / "omnidesk.log"
     assert rc == 1 and err.splitlines() == [

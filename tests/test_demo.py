@@ -7,10 +7,10 @@ from pathlib import Path
 
 import torch
 
-from omnidesk.models.config import OmniConfig
-from omnidesk.models.demo import DEMO_NOTICE, is_demo, make_demo
-from omnidesk.models.loading import load_stack
-from omnidesk.engine.offline import generate_reply
+from omnidesk.models.qwen2_5_omni.config import OmniConfig
+from omnidesk.models.qwen2_5_omni.demo import DEMO_NOTICE, is_demo, make_demo
+from omnidesk.models.qwen2_5_omni.loading import load_stack
+from omnidesk.models.qwen2_5_omni.offline import generate_reply
 
 REAL_7B = Path(__file__).parent / "data" / "qwen2_5_omni_7b" / "config.json"
 HUB_FILES = {"config.json", "generation_config.json", "model.safetensors", "spk_dict.pt", "tokenizer.json",

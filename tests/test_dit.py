@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import tiny
-from omnidesk.models.config import ConfigError
-from omnidesk.models.dit import DiT, DiTConfig
+from omnidesk.models.checkpoint import ConfigError
+from omnidesk.models.qwen2_5_omni.dit import DiT, DiTConfig
 
 HUB_CONFIG = Path(__file__).parent / "data" / "qwen2_5_omni_7b" / "config.json"
 

@@ -45,11 +45,21 @@ def test_all_checks_run(empty_cache):
 def test_fake_hf_cache_model_found(empty_cache):
     snap = empty_cache / "models--Qwen--Qwen2.5-Omni-3B" / "snapshots" / ("a" * 40)
     snap.mkdir(parents=True)
-    (snap / "config.json").write_text("{}")
+    (snap / "config.json").write_text('{"model_type": "qwen2_5_omni"}')
     (snap.parent.parent / "refs").mkdir()
     (snap.parent.parent / "refs" / "main").write_text("a" * 40)
+    # the published Moshi layout has no config.json: its three files say what it is
+    moshi = empty_cache / "models--kyutai--moshiko-pytorch-bf16" / "snapshots" / ("b" * 40)
+    moshi.mkdir(parents=True)
+    for name in ("model.safetensors", "tokenizer-e351c8d8-checkpoint125.safetensors", "tokenizer_spm_32k_3.model"):
+        (moshi / name).write_bytes(b"")
+    # a download stopped before any file landed
+    (empty_cache / "models--Qwen--Qwen2.5-Omni-7B" / "blobs").mkdir(parents=True)
     check = doctor.check_models()
-    assert check.ok and "Qwen/Qwen2.5-Omni-3B" in check.detail
+    assert check.ok
+    assert "Qwen/Qwen2.5-Omni-3B (Qwen2.5-Omni)" in check.detail
+    assert "kyutai/moshiko-pytorch-bf16 (Moshi)" in check.detail
+    assert "incomplete: Qwen/Qwen2.5-Omni-7B" in check.detail
     assert "✓ models" in format_report([check])
 
 

@@ -21,8 +21,10 @@ import pytest
 import torch
 
 from omnidesk.models import download as dl
-from omnidesk.models.download import ALLOW_PATTERNS, DownloadError, RECOMMENDED, download
-from omnidesk.models.loading import load_stack, resolve_checkpoint
+from omnidesk.models.download import ALLOW_PATTERNS, DownloadError, download
+from omnidesk.models.families import RECOMMENDED
+from omnidesk.models.qwen2_5_omni.loading import load_stack
+from omnidesk.models.checkpoint import resolve_checkpoint
 
 REPO = "Org/Tiny-Omni"
 SHA = "0123456789abcdef0123456789abcdef01234567"
@@ -210,7 +212,14 @@ def test_disk_full_and_interrupt_messages(env, monkeypatch, error, words):
 
 
 def test_recommended_and_patterns():
-    assert set(RECOMMENDED) == {"Qwen/Qwen2.5-Omni-3B", "Qwen/Qwen2.5-Omni-7B"}
+    import fnmatch
+
+    assert set(RECOMMENDED) == {"Qwen/Qwen2.5-Omni-3B", "Qwen/Qwen2.5-Omni-7B", "kyutai/moshiko-pytorch-bf16",
+                                "kyutai/moshika-pytorch-bf16"}
     assert RECOMMENDED["Qwen/Qwen2.5-Omni-3B"].gpu_memory_gb <= 16 < RECOMMENDED["Qwen/Qwen2.5-Omni-7B"].gpu_memory_gb
     assert "spk_dict.pt" in ALLOW_PATTERNS and "*.safetensors" in ALLOW_PATTERNS
+    # the files of the published Moshi repos (FACTS.md) are fetched; their README is not
+    for name in ("model.safetensors", "tokenizer-e351c8d8-checkpoint125.safetensors", "tokenizer_spm_32k_3.model"):
+        assert any(fnmatch.fnmatch(name, p) for p in ALLOW_PATTERNS), name
+    assert not any(fnmatch.fnmatch("README.md", p) for p in ALLOW_PATTERNS)
     assert dl.DownloadError.__mro__[1] is RuntimeError

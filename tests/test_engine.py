@@ -14,12 +14,12 @@ import pytest
 import soundfile as sf
 
 from omnidesk.engine.engine import Engine, EngineConfig, TurnState
-from omnidesk.engine.executors.qwen2_5_omni import QwenOmniExecutor
+from omnidesk.models.qwen2_5_omni.executor import QwenOmniExecutor
 from omnidesk.engine.speaker import VirtualSpeaker
 from omnidesk.engine.talk import Script, ScriptedEndpointer, run_script
 from omnidesk.engine.timeline import EVENT_NAMES, Timeline, validate
-from omnidesk.models.demo import make_demo
-from omnidesk.models.loading import load_stack
+from omnidesk.models.qwen2_5_omni.demo import make_demo
+from omnidesk.models.qwen2_5_omni.loading import load_stack
 
 
 @pytest.fixture(scope="module")

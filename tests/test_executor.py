@@ -4,10 +4,10 @@ import numpy as np
 import pytest
 import torch
 
-from omnidesk.engine.executors.qwen2_5_omni import QwenOmniExecutor
-from omnidesk.models.loading import load_stack
-from omnidesk.engine.offline import generate_reply
-from omnidesk.models.reply import talker_defaults
+from omnidesk.models.qwen2_5_omni.executor import QwenOmniExecutor
+from omnidesk.models.qwen2_5_omni.loading import load_stack
+from omnidesk.models.qwen2_5_omni.offline import generate_reply
+from omnidesk.models.qwen2_5_omni.reply import talker_defaults
 from omnidesk.models.sampling import SamplingParams
 
 
@@ -117,7 +117,7 @@ def test_interrupt_keeps_heard_part_and_next_turn_equals_fresh_history(stack, sp
 
 
 def _audio_tokens(stack, waves):
-    from omnidesk.models.features import log_mel
+    from omnidesk.models.qwen2_5_omni.features import log_mel
 
     return torch.cat([stack.thinker.audio_encoder(log_mel(w, stack.features)) for w in waves])
 

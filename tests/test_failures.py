@@ -16,14 +16,14 @@ import pytest
 import torch
 
 from omnidesk.engine.engine import EngineConfig, TurnFailure
-from omnidesk.engine.executors.qwen2_5_omni import executor_for
+from omnidesk.models.qwen2_5_omni.executor import executor_for
 from omnidesk.engine.speaker import VirtualSpeaker
 from omnidesk.engine.talk import Script, run_script
 from omnidesk.engine.timeline import Timeline, validate
-from omnidesk.models.bigvgan import BigVGAN
-from omnidesk.models.demo import make_demo
-from omnidesk.models.features import log_mel
-from omnidesk.models.loading import load_stack
+from omnidesk.models.qwen2_5_omni.bigvgan import BigVGAN
+from omnidesk.models.qwen2_5_omni.demo import make_demo
+from omnidesk.models.qwen2_5_omni.features import log_mel
+from omnidesk.models.qwen2_5_omni.loading import load_stack
 
 FRAME = 640  # 40 ms at 16 kHz: the scripted microphone pads each utterance to whole frames
 ERROR_WITHIN_S = 5.0  # from the injected exception to the "error" update; a hang would be minutes

@@ -12,7 +12,6 @@ os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
 import json
 import shutil
-import time
 from pathlib import Path
 
 import pytest
@@ -30,8 +29,9 @@ from omnidesk.gui.main_window import MainWindow  # noqa: E402
 from omnidesk.gui.model_loader import DEMO, catalog, choose_model  # noqa: E402
 from omnidesk.gui.settings import SOUND_FILES, Settings  # noqa: E402
 from omnidesk.gui.worker import wait_for_background  # noqa: E402
-from omnidesk.models.demo import make_demo  # noqa: E402
-from omnidesk.models.loading import ModelTooLargeError  # noqa: E402
+from omnidesk.models.qwen2_5_omni.demo import make_demo  # noqa: E402
+from omnidesk.models.checkpoint import ModelTooLargeError  # noqa: E402
+from paint_gaps import record_paint_gaps  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 QUESTION = ROOT / "tests" / "fixtures" / "question.wav"
@@ -174,17 +174,7 @@ def test_turns_update_transcript_and_overlay_then_interrupt_after_and_repeat(qtb
 def test_stop_button_interrupts_and_the_transcript_shows_the_cut(qtbot, settings, tmp_path, demo_dir):
     w = open_window(qtbot, settings, tmp_path, str(demo_dir), realtime=True)
     wait_listening(qtbot, w)
-    gaps, last = [], [time.monotonic()]
-    paint = w.paint
-
-    def timed_paint():  # the UI thread must keep painting while the engine works
-        now = time.monotonic()
-        gaps.append(now - last[0])
-        last[0] = now
-        paint()
-
-    w.paint_timer.timeout.disconnect()
-    w.paint_timer.timeout.connect(timed_paint)
+    gaps = record_paint_gaps(w)
     say(qtbot, w)
     qtbot.waitUntil(lambda: w.display_state() == "user_speaking", timeout=20000)
     qtbot.waitUntil(lambda: w.display_state() == "speaking", timeout=30000)
@@ -326,7 +316,7 @@ def test_errors_are_plain_words_with_details_in_the_log(qtbot, settings, tmp_pat
 
 
 def test_a_failed_reply_is_shown_and_the_conversation_goes_on(qtbot, settings, tmp_path, demo_dir, monkeypatch):
-    from omnidesk.models.bigvgan import BigVGAN
+    from omnidesk.models.qwen2_5_omni.bigvgan import BigVGAN
 
     calls = []
     original = BigVGAN.forward

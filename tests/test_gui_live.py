@@ -22,7 +22,7 @@ from PySide6.QtCore import QSettings, Qt  # noqa: E402
 from omnidesk.gui.main_window import MainWindow  # noqa: E402
 from omnidesk.gui.settings import Settings  # noqa: E402
 from omnidesk.gui.worker import wait_for_background  # noqa: E402
-from omnidesk.models.demo import make_demo  # noqa: E402
+from omnidesk.models.qwen2_5_omni.demo import make_demo  # noqa: E402
 
 FIXTURES = Path(__file__).parent / "fixtures"
 

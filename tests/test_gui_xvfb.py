@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from omnidesk.models.demo import make_demo
+from omnidesk.models.qwen2_5_omni.demo import make_demo
 
 
 @pytest.mark.skipif(shutil.which("xvfb-run") is None, reason="xvfb-run missing (dev/setup.sh --test installs xvfb)")

@@ -11,10 +11,11 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from omnidesk.models import inventory
-from omnidesk.models.config import OmniConfig
-from omnidesk.models.inventory import (SMALLER_SHAPE, check_fits, estimate_memory, find_checkpoints, max_context,
-                                       model_shape, verify)
+from omnidesk.models import memory
+from omnidesk.models.qwen2_5_omni.config import OmniConfig
+from omnidesk.models.qwen2_5_omni.memory import SMALLER_SHAPE, check_fits, estimate_memory, max_context, model_shape
+from omnidesk.models.inventory import find_checkpoints
+from omnidesk.models.families import verify
 
 DATA = Path(__file__).parent / "data"
 GiB = 2**30
@@ -83,7 +84,7 @@ def test_verify_good_checkpoint_with_load_test(tiny_checkpoints):
 
 
 def test_verify_skips_load_test_without_ram(tiny_checkpoints, monkeypatch):
-    monkeypatch.setattr(inventory, "available_ram", lambda: 1000)
+    monkeypatch.setattr(memory, "available_ram", lambda: 1000)
     report = verify(tiny_checkpoints("a")[0])
     assert report.ok
     assert len(report.notes) == 1 and report.notes[0].startswith("load test skipped: the checkpoint needs about ")
@@ -210,7 +211,8 @@ def test_check_fits_suggests_shorter_context():
 def test_load_refuses_a_model_too_big_for_the_gpu_before_loading(tiny_checkpoints, monkeypatch):
     import torch
 
-    from omnidesk.models.loading import ModelTooLargeError, load_stack
+    from omnidesk.models.checkpoint import ModelTooLargeError
+    from omnidesk.models.qwen2_5_omni.loading import load_stack
 
     path, _ = tiny_checkpoints("a")
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (50 * 2**20, 80 * 2**30))

@@ -41,9 +41,9 @@ def wav(name: str) -> np.ndarray:
 
 @pytest.fixture(scope="module")
 def executor():
-    from omnidesk.engine.executors.qwen2_5_omni import executor_for
-    from omnidesk.models.demo import make_demo
-    from omnidesk.models.loading import load_stack
+    from omnidesk.models.qwen2_5_omni.executor import executor_for
+    from omnidesk.models.qwen2_5_omni.demo import make_demo
+    from omnidesk.models.qwen2_5_omni.loading import load_stack
 
     return executor_for(load_stack(make_demo(), device="cpu"))
 

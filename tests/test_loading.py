@@ -13,8 +13,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from omnidesk.models.config import ConfigError
-from omnidesk.models.loading import CheckpointError, hf_hub_cache, load_stack, resolve_checkpoint
+from omnidesk.models.checkpoint import CheckpointError, ConfigError, hf_hub_cache, resolve_checkpoint
+from omnidesk.models.qwen2_5_omni.loading import load_stack
 
 IDS = torch.tensor([1, 5, 42, 100, 300, 519])
 
@@ -262,7 +262,7 @@ def test_nonexistent_directory(tmp_path):
 
 
 def test_header_that_is_not_an_object_names_the_file(tmp_path):
-    from omnidesk.models.loading import read_safetensors_header
+    from omnidesk.models.checkpoint import read_safetensors_header
 
     bad = tmp_path / "model.safetensors"
     body = b"[1, 2]"

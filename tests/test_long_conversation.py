@@ -23,13 +23,13 @@ import soundfile as sf
 import torch
 
 from omnidesk.engine.engine import Engine, EngineConfig, TurnState
-from omnidesk.engine.executors.qwen2_5_omni import QwenOmniExecutor
+from omnidesk.models.qwen2_5_omni.executor import QwenOmniExecutor
 from omnidesk.engine.speaker import VirtualSpeaker
 from omnidesk.engine.timeline import Timeline
 from omnidesk.engine.vad import Endpointer, EndpointerConfig, EnergyVAD
-from omnidesk.models.demo import make_demo
-from omnidesk.models.loading import load_stack
-from omnidesk.models.reply import talker_defaults
+from omnidesk.models.qwen2_5_omni.demo import make_demo
+from omnidesk.models.qwen2_5_omni.loading import load_stack
+from omnidesk.models.qwen2_5_omni.reply import talker_defaults
 from omnidesk.models.sampling import SamplingParams
 
 FIXTURES = Path(__file__).parent / "fixtures"

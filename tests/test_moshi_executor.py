@@ -18,9 +18,9 @@ import torch
 
 from omnidesk import cli
 from omnidesk.engine.executor import StageError
-from omnidesk.models.config import ConfigError
+from omnidesk.models.checkpoint import ConfigError
 from omnidesk.models.families import MOSHI, QWEN, family_named, family_of, resolve_model
-from omnidesk.models.loading import CheckpointError
+from omnidesk.models.checkpoint import CheckpointError
 from omnidesk.models.moshi.config import DEMO as LM_DEMO
 from omnidesk.models.moshi.config import MIMI_NAME, MOSHI_7B, MOSHI_NAME, TOKENIZER_NAME, MoshiSampling
 from omnidesk.models.moshi.demo import (DEMO_NOTICE, default_demo_dir, is_moshi_demo, lm_checkpoint_tensors,
@@ -293,3 +293,20 @@ def test_make_demo_and_list_show_the_moshi_demo(capsys, demo):
 def test_turn_based_commands_refuse_moshi(capsys, demo):
     assert cli.main(["reply", "--model", "moshi-demo", "--input", str(QUESTION)]) == 2
     assert "full duplex" in capsys.readouterr().err
+
+
+def test_models_verify_checks_a_moshi_checkpoint_and_names_what_is_wrong(capsys, demo, tmp_path):
+    assert cli.main(["models", "verify", "moshi-demo"]) == 0
+    out = capsys.readouterr().out
+    assert "Moshi checkpoint at" in out and "verified: no problems" in out and DEMO_NOTICE in out
+    assert "model.safetensors: tensor names, shapes and dtypes" in out and "one frame step" in out
+    # a copy whose language model lost its tail and whose tokenizer is gone: both named, nothing raised
+    broken = tmp_path / "broken"
+    shutil.copytree(demo, broken)
+    lm = broken / "model.safetensors"
+    lm.write_bytes(lm.read_bytes()[: lm.stat().st_size // 2])
+    (broken / "tokenizer_spm_32k_3.model").unlink()
+    assert cli.main(["models", "verify", str(broken)]) == 1
+    out = capsys.readouterr().out
+    assert f"{lm}: truncated" in out and "missing file tokenizer_spm_32k_3.model" in out
+    assert "2 problem(s)" in out

@@ -17,8 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from omnidesk.models.config import ConfigError
-from omnidesk.models.loading import CheckpointError
+from omnidesk.models.checkpoint import CheckpointError, ConfigError
 from omnidesk.models.moshi.config import DEMO, MOSHI_7B, MoshiConfig, MoshiSampling
 from omnidesk.models.moshi.lm import (MoshiLM, MoshiLMGen, TokenSampler, check_mapping, load_moshi_lm,
                                       weight_map)
@@ -282,6 +281,17 @@ def test_token_sampler_draws_only_from_the_top_k():
     full = TokenSampler(1.0, 0, False, torch.Generator().manual_seed(2))
     counts = torch.bincount(torch.cat([full(peaked) for _ in range(400)]), minlength=50)
     assert int(counts.argmax()) == 7 and (counts > 0).sum() > 10
+
+
+def test_token_sampler_first_used_under_inference_mode_keeps_working_outside_it():
+    # a benchmark's warm-up ran under inference_mode, the engine's steps outside it: the sampler's
+    # noise buffer must not become an inference tensor that a later in-place draw may not write
+    logits = torch.randn(2048, generator=torch.Generator().manual_seed(0))
+    top = set(torch.topk(logits, 25).indices.tolist())
+    sampler = TokenSampler(0.8, 25, greedy=False, generator=torch.Generator().manual_seed(1))
+    with torch.inference_mode():
+        first = int(sampler(logits))
+    assert first in top and int(sampler(logits)) in top
 
 
 def test_bf16_step_runs(tiny):

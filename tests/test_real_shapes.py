@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from omnidesk.models.config import OmniConfig
-from omnidesk.models.loading import OmniModel, check_mapping
+from omnidesk.models.qwen2_5_omni.config import OmniConfig
+from omnidesk.models.qwen2_5_omni.loading import OmniModel, check_mapping
 
 DATA = Path(__file__).parent / "data"
 sys.path.insert(0, str(DATA))
@@ -40,7 +40,7 @@ def test_real_checkpoint_names_and_shapes_map_completely(size):
     vocoder = [n for n in report.loaded if n.startswith("token2wav.")]
     assert len(vocoder) == 808  # DiT 359 + BigVGAN 449 (the hub adds the recomputed rotary inv_freq)
     # every parameter of ours is filled, fused ones exactly row by row
-    from omnidesk.models.loading import weight_map
+    from omnidesk.models.qwen2_5_omni.loading import weight_map
 
     covered = {}
     for target in weight_map(cfg, ours).values():

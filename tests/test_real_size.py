@@ -33,10 +33,10 @@ import pytest
 import torch
 
 import real_checkpoint
-from omnidesk.engine.executors.qwen2_5_omni import QwenOmniExecutor, thinker_defaults
-from omnidesk.models.inventory import verify
-from omnidesk.models.loading import load_stack
-from omnidesk.models.reply import talker_defaults
+from omnidesk.models.qwen2_5_omni.executor import QwenOmniExecutor, thinker_defaults
+from omnidesk.models.families import verify
+from omnidesk.models.qwen2_5_omni.loading import load_stack
+from omnidesk.models.qwen2_5_omni.reply import talker_defaults
 
 SHARD = re.compile(r"model-(\d{5})-of-(\d{5})\.safetensors")
 SIDE_FILES = {"config.json", "generation_config.json", "preprocessor_config.json", "chat_template.json",

@@ -9,10 +9,10 @@ and 14 steps; greedy text and codec ids identical.
 import pytest
 import torch
 
-from omnidesk.models.features import log_mel
-from omnidesk.models.loading import load_stack
-from omnidesk.engine.offline import generate_reply
-from omnidesk.models.reply import audio_prompt, talker_defaults
+from omnidesk.models.qwen2_5_omni.features import log_mel
+from omnidesk.models.qwen2_5_omni.loading import load_stack
+from omnidesk.models.qwen2_5_omni.offline import generate_reply
+from omnidesk.models.qwen2_5_omni.reply import audio_prompt, talker_defaults
 from omnidesk.models.sampling import SamplingParams
 
 TOL = 1e-4
@@ -132,7 +132,7 @@ def test_talker_logits_match_reference(loaded, speech_like):
     for token in text_ids[:-1]:
         e = thinker.embed_tokens.weight[token][None]
         vectors.append(e[0] + thinker(e, cache)[0])
-    from omnidesk.models.talker import ReplyFeed
+    from omnidesk.models.qwen2_5_omni.talker import ReplyFeed
 
     w = thinker.embed_tokens.weight
     feed = ReplyFeed(w[tcfg.text_eos_id], w[tcfg.text_pad_id])

@@ -35,7 +35,7 @@ import pytest
 import soundfile as sf
 import torch
 
-from omnidesk.models.loading import load_stack
+from omnidesk.models.qwen2_5_omni.loading import load_stack
 from test_reference import _reference_generate, _reference_inputs
 
 REPO = Path(__file__).resolve().parent.parent

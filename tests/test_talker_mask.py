@@ -18,12 +18,12 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from omnidesk.engine.engine import EngineConfig
-from omnidesk.engine.executors.qwen2_5_omni import QwenOmniExecutor
+from omnidesk.models.qwen2_5_omni.executor import QwenOmniExecutor
 from omnidesk.engine.talk import Script, run_script
 from omnidesk.engine.timeline import Timeline
-from omnidesk.models.demo import make_demo
-from omnidesk.models.loading import load_stack
-from omnidesk.models.reply import talker_defaults, talker_suppressed_ids
+from omnidesk.models.qwen2_5_omni.demo import make_demo
+from omnidesk.models.qwen2_5_omni.loading import load_stack
+from omnidesk.models.qwen2_5_omni.reply import talker_defaults, talker_suppressed_ids
 from omnidesk.models.sampling import SamplingParams
 
 TABLE_EMBEDS = 1000  # DiT num_embeds: the table holds ids 0..1000; the demo talker has 1040 ids

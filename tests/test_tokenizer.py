@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from omnidesk.models.tokenizer import (
+from omnidesk.models.qwen2_5_omni.tokenizer import (
     CHAT_TEMPLATE,
     SPECIAL_TOKENS,
     Tokenizer,

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from omnidesk.models.loading import load_stack
-from omnidesk.models.vocoder import StreamingPlan
+from omnidesk.models.qwen2_5_omni.loading import load_stack
+from omnidesk.models.qwen2_5_omni.vocoder import StreamingPlan
 
 import tiny
 

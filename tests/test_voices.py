@@ -3,7 +3,7 @@
 The published Qwen2.5-Omni files hold per voice ``bos_token`` (int), ``cond``
 [1, 192] and ``ref_mel`` [1, 400, 80]; older fixtures wrote [192] and [T, 80].
 The loader takes both and normalises them in one place
-(omnidesk.models.loading.voice_from_entry); a wrong shape is reported by the
+(omnidesk.models.qwen2_5_omni.loading.voice_from_entry); a wrong shape is reported by the
 loader and by ``models verify`` naming the file, the voice and the field.
 Every fixture writer (tests/tiny.py, the demo) writes the published layout.
 """
@@ -13,12 +13,13 @@ import pytest
 import torch
 
 import tiny
-from omnidesk.engine.executors.qwen2_5_omni import QwenOmniExecutor
-from omnidesk.models.config import OmniConfig
-from omnidesk.models.demo import make_demo
-from omnidesk.models.inventory import verify
-from omnidesk.models.loading import CheckpointError, load_stack, load_voices
-from omnidesk.models.reply import talker_defaults
+from omnidesk.models.qwen2_5_omni.executor import QwenOmniExecutor
+from omnidesk.models.qwen2_5_omni.config import OmniConfig
+from omnidesk.models.qwen2_5_omni.demo import make_demo
+from omnidesk.models.families import verify
+from omnidesk.models.checkpoint import CheckpointError
+from omnidesk.models.qwen2_5_omni.loading import load_stack, load_voices
+from omnidesk.models.qwen2_5_omni.reply import talker_defaults
 from omnidesk.models.sampling import SamplingParams
 
 

@@ -47,7 +47,7 @@ CODEC_VOCAB = 96  # codec ids; the last four are the codec specials
 
 def special_ids() -> dict[str, int]:
     """Token ids the tiny checkpoints use, in tokenizer order."""
-    from omnidesk.models.tokenizer import SPECIAL_TOKENS
+    from omnidesk.models.qwen2_5_omni.tokenizer import SPECIAL_TOKENS
 
     first = TEST_SPECIALS["first_special_id"]
     return {name: first + i for i, name in enumerate(SPECIAL_TOKENS)}
@@ -159,7 +159,7 @@ def write_speakers(path: Path, thinker_vocab_bos: int, seed: int = 0) -> None:
 
 def write_checkpoint(path: Path, variant: str = "a", seed: int = 0, max_shard_size: str | None = None):
     """Write a tiny checkpoint with transformers' save_pretrained; returns the reference model."""
-    from omnidesk.models.tokenizer import write_tokenizer_files
+    from omnidesk.models.qwen2_5_omni.tokenizer import write_tokenizer_files
 
     path = Path(path)
     model = build_reference(variant, seed)

@@ -105,6 +105,4 @@ def main(argv: list[str] | None = None) -> int:
 
 def print_demo_notice(loaded) -> None:
     if loaded.demo:
-        from omnidesk.models.demo import DEMO_NOTICE
-
-        print(f"NOTE: {DEMO_NOTICE}", flush=True)
+        print(f"NOTE: {loaded.demo_notice}", flush=True)  # the family's own words on its demo

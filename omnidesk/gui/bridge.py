@@ -6,10 +6,17 @@ bridge copies what the window needs into immutable :class:`TurnView`\\ s right
 there, on the engine thread, so the UI thread never reads engine state.
 
 Frequent kinds are coalesced: ``reply`` (one per token or audio chunk, hundreds
-a second on a GPU) and ``status`` (every 40 ms) land in a mailbox that keeps
-only the latest value, and one signal is queued until the UI has taken it.
-Rare kinds (``state``, ``turn``, ``interrupted``, ``done``, ``error``) are
-queued one by one, in order.
+a second on a GPU), ``status`` (every 40 ms) and ``duplex`` (one per 80 ms model
+frame, faster when the sound-file microphone runs ahead of real time) land in a
+mailbox that keeps only the latest value, and one signal is queued until the UI
+has taken it.  Rare kinds (``state``, ``turn``, ``interrupted``, ``done``,
+``error``) are queued one by one, in order.
+
+A full-duplex model (Moshi) has no turns: its ``duplex`` update is a
+:class:`~omnidesk.engine.duplex.DuplexView` of the whole conversation.  The
+bridge sees every one of them (the window only the latest), so it is the bridge
+that notes where each exchange starts in the assistant's running text
+(:class:`DuplexShown`); the transcript then shows one line per exchange.
 """
 
 from __future__ import annotations
@@ -82,6 +89,32 @@ class TurnView:
         return ""
 
 
+@dataclass(frozen=True)
+class DuplexShown:
+    """What the window shows of a full-duplex conversation: the engine's latest view and where each
+    exchange starts.  ``lines`` is ("you", offset) when the user started speaking and
+    ("assistant", offset) when the assistant did, ``offset`` being the length of ``view.text`` just
+    before: the assistant's words of one exchange are ``view.text[offset:next assistant offset]``."""
+
+    view: object  # omnidesk.engine.duplex.DuplexView (the engine makes a new one per update)
+    lines: tuple[tuple[str, int], ...] = ()
+
+    def line_texts(self, last: int | None = None) -> list[tuple[str, str]]:
+        """(who, text) per line, oldest first (the last ``last`` lines); a "you" line has no text:
+        the model hears the user's audio, there is no transcription of it."""
+        text = self.view.text
+        lines = self.lines[-last:] if last else self.lines  # a line ends where a later one of the tail starts
+        starts = [offset for who, offset in lines if who == "assistant"] + [len(text)]
+        out, k = [], 0
+        for who, offset in lines:
+            if who == "assistant":
+                k += 1
+                out.append((who, text[offset:starts[k]].strip()))
+            else:
+                out.append((who, ""))
+        return out
+
+
 class EngineBridge(QObject):
     """Receives engine updates on any thread and re-emits them as signals for the UI thread.
 
@@ -97,6 +130,7 @@ class EngineBridge(QObject):
     status_changed = Signal()  # coalesced: take_status()
     turn_failed = Signal(object, str)  # TurnView, plain words: one turn failed, the session goes on
     error = Signal(str)  # plain words; the session has stopped its audio
+    duplex_changed = Signal()  # coalesced "duplex" updates (full-duplex models): take_duplex()
 
     def __init__(self, decode: Callable[[list[int]], str] | None = None, model: dict | None = None,
                  device: str = "", parent: QObject | None = None):
@@ -113,6 +147,10 @@ class EngineBridge(QObject):
         self._exported: dict[int, dict] = {}  # number -> TurnTimeline.to_dict() at its last milestone
         self._current = None  # the TurnTimeline of the latest turn
         self._seen_events: dict[int, dict] = {}  # id(current turn) -> its events at the last status tick
+        self._duplex: DuplexShown | None = None  # the latest, until the UI takes it
+        self._duplex_queued = False
+        self._duplex_lines: tuple[tuple[str, int], ...] = ()  # engine thread only
+        self._duplex_before = None  # the previous DuplexView (engine thread only)
 
     # ------------------------------------------------------------------ engine thread
     def on_update(self, kind: str, payload) -> None:
@@ -143,6 +181,8 @@ class EngineBridge(QObject):
                     queue, self._status_queued = not self._status_queued, True
                 if queue:
                     self.status_changed.emit()
+            elif kind == "duplex":
+                self._post_duplex(payload)
             elif kind == "error":
                 turn = getattr(payload, "turn", None)  # an engine TurnFailure: the session goes on
                 if turn is not None or hasattr(payload, "stage"):
@@ -214,6 +254,24 @@ class EngineBridge(QObject):
         if queue:
             self.turn_changed.emit()
 
+    def _post_duplex(self, view) -> None:
+        # every view passes here, so no start of speech is missed (the UI sees one in several)
+        before = self._duplex_before
+        self._duplex_before = view
+        # the view in which speech starts already holds that frame's token: a new line starts after
+        # the text of the view before
+        start = len(before.text) if before is not None else 0
+        if view.user_speaking and not (before is not None and before.user_speaking):
+            self._duplex_lines += (("you", start),)
+        if view.assistant_speaking and not (before is not None and before.assistant_speaking):
+            self._duplex_lines += (("assistant", start),)
+        shown = DuplexShown(view, self._duplex_lines)
+        with self._lock:
+            self._duplex = shown
+            queue, self._duplex_queued = not self._duplex_queued, True
+        if queue:
+            self.duplex_changed.emit()
+
     def _snapshot_for_export(self, turn) -> None:
         if turn is None:
             return
@@ -236,6 +294,12 @@ class EngineBridge(QObject):
         with self._lock:
             self._status_queued = False
             return self._status
+
+    def take_duplex(self) -> DuplexShown | None:
+        """The latest full-duplex view (with its exchange lines) or None."""
+        with self._lock:
+            self._duplex_queued = False
+            return self._duplex
 
     def timeline_dict(self, extra: dict | None = None) -> dict:
         """The session's timeline JSON (contract) from the snapshots taken at each turn's milestones."""

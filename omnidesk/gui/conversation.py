@@ -31,6 +31,7 @@ class Conversation(QObject):
     turn_interrupted = Signal(object)  # TurnView of a cut reply
     turn_failed = Signal(object, str)  # TurnView (or None), plain words: a turn failed, the session goes on
     status_changed = Signal(object)  # the latest LiveStatus-like status
+    duplex_changed = Signal(object)  # the latest DuplexShown (full-duplex models)
     stopped = Signal(str)  # the running session stopped by itself (device lost ...), in plain words
 
     def __init__(self, session_factory, parent: QObject | None = None):
@@ -38,6 +39,7 @@ class Conversation(QObject):
         self.session_factory = session_factory
         self.session = None
         self.bridge: EngineBridge | None = None
+        self.timeline: Timeline | None = None  # the current session's
         self.running = False
         self._previous_closed = threading.Event()  # set once the last closed session has finished closing
         self._previous_closed.set()
@@ -58,6 +60,7 @@ class Conversation(QObject):
         bridge.status_changed.connect(self._relay_status, queued)
         bridge.error.connect(self._relay_error, queued)
         bridge.turn_failed.connect(self._relay_failed, queued)
+        bridge.duplex_changed.connect(self._relay_duplex, queued)
         timeline = Timeline(model=loaded.timeline_model_info(), device=loaded.device)
         try:
             session = self.session_factory(kind, loaded.executor, live_settings, engine_config, bridge.on_update,
@@ -66,7 +69,7 @@ class Conversation(QObject):
             log.exception("cannot create the session")
             self.failed.emit(e)
             return
-        self.bridge, self.session = bridge, session
+        self.bridge, self.session, self.timeline = bridge, session, timeline
         self._start(session)
 
     def restart(self) -> bool:
@@ -82,6 +85,7 @@ class Conversation(QObject):
         if self.bridge is not None:
             self.bridge.blockSignals(True)  # late updates of the old session are dropped
             self.bridge = None
+        self.timeline = None
         self.running = False
         if session is None:
             return
@@ -119,6 +123,12 @@ class Conversation(QObject):
         """The current session's timelines (contract JSON)."""
         if self.bridge is None:
             return {"model": {}, "device": "", "turns": []}
+        extra = dict(extra or {})
+        # a full-duplex session has no turns: its timeline is the engine's "duplex" section, which
+        # the engine replaces whole (never edits in place) at each event, so reading it here is safe
+        duplex = self.timeline.extra.get("duplex") if self.timeline is not None else None
+        if duplex is not None:
+            extra["duplex"] = duplex
         return self.bridge.timeline_dict(extra)
 
     def _start(self, session, restart: bool = False) -> None:
@@ -179,6 +189,12 @@ class Conversation(QObject):
     def _relay_status(self) -> None:
         if self._current():
             self.status_changed.emit(self.bridge.take_status())
+
+    def _relay_duplex(self) -> None:
+        if self._current():
+            shown = self.bridge.take_duplex()
+            if shown is not None:
+                self.duplex_changed.emit(shown)
 
     def _relay_failed(self, view, message: str) -> None:
         if self._current():

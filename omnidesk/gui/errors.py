@@ -15,7 +15,6 @@ from pathlib import Path
 log = logging.getLogger("omnidesk.gui")
 
 LOG_NAME = "omnidesk.log"
-SMALLER_MODEL = "Qwen/Qwen2.5-Omni-3B"
 
 
 def default_log_dir() -> Path:
@@ -46,9 +45,8 @@ def setup_logging(log_dir: Path | None = None) -> Path:
 
 def plain_message(exc: BaseException, doing: str) -> str:
     """What went wrong while ``doing`` (e.g. "loading the model"), in words a user can act on."""
-    from omnidesk.models.config import ConfigError
-    from omnidesk.models.loading import CheckpointError, ModelTooLargeError
-    from omnidesk.models.tokenizer import TokenizerError
+    from omnidesk.models.checkpoint import CheckpointError, ConfigError, ModelTooLargeError
+    from omnidesk.models.families import SMALLEST_REPO
 
     name = type(exc).__name__
     text = str(exc).strip()
@@ -58,8 +56,8 @@ def plain_message(exc: BaseException, doing: str) -> str:
         return f"Not enough GPU memory for this model. {advice}"
     if name == "OutOfMemoryError" or "out of memory" in text.lower():
         return (f"The GPU ran out of memory while {doing}. Close other programs that use the GPU, "
-                f"or pick a smaller model ({SMALLER_MODEL}).")
-    if isinstance(exc, (CheckpointError, ConfigError, TokenizerError)):
+                f"or pick a smaller model ({SMALLEST_REPO}).")
+    if isinstance(exc, (CheckpointError, ConfigError)):  # every family's errors derive from these
         return (f"The model cannot be used: {_first_line(text)} "
                 "Check it with 'omnidesk models verify', or pick another model.")
     if name == "DeviceError":  # --device names something this machine cannot run on; the message says what to use

@@ -170,7 +170,10 @@ class FileMicSession:
         clicked = None
         while self._stop_clicks:
             clicked = self._stop_clicks.popleft()
-        if clicked is not None and self.engine.state in REPLYING:
+        # a full-duplex model is stopped whatever the engine's state, as on the live session: it may be
+        # talking over the user (state USER_SPEAKING), and its stop is a flush + mute, nothing to roll back
+        duplex = getattr(self.engine, "duplex", False)
+        if clicked is not None and (duplex or self.engine.state in REPLYING):
             # the click on the session clock (realtime), never later than the frame being processed
             due = min(clicked - self._start_mono, t) if self.realtime else t
             await self.engine.interrupt(onset=due, confirmed=due)

@@ -12,10 +12,18 @@ Sessions.  :class:`.conversation.Conversation` holds the current session (live
 audio, or the sound-file microphone when the input picker says "Sound files"
 or live audio is not available).  Changing devices, retrying after an error or
 loading another model opens a new one: a new conversation.
+
+Full-duplex models (Moshi) have no turns: the model hears and speaks at once.
+The window then shows two lamps (you / the assistant, "muted" after a stop),
+the assistant's running text one line per exchange, and the overlay shows the
+frame clock.  "Stop reply" and "Interrupt after" do what the duplex engine does
+(flush playback, mute the assistant until its text goes quiet); the voice
+picker is off (one voice).
 """
 
 from __future__ import annotations
 
+import html
 import importlib.util
 import logging
 import time
@@ -32,7 +40,7 @@ from omnidesk.engine.duplex import SESSION_RATE, session_rate
 from omnidesk.engine.engine import EngineConfig, TurnState
 
 from . import devices as device_list
-from .bridge import TurnView
+from .bridge import DuplexShown, TurnView
 from .conversation import Conversation
 from .errors import as_sentence, plain_message
 from .file_mic import FileMicSession, read_sound_file
@@ -41,7 +49,7 @@ from .model_loader import DEMO, CatalogEntry, LoadedModel, ModelChoice, catalog,
 from .overlay import LatencyOverlay
 from .settings import SOUND_FILES, Settings
 from .transcript import TranscriptView
-from .widgets import Banner, LevelMeter, StateIndicator
+from .widgets import Banner, DuplexActivity, LevelMeter, StateIndicator
 from .worker import run_in_background
 
 log = logging.getLogger("omnidesk.gui")
@@ -49,7 +57,11 @@ log = logging.getLogger("omnidesk.gui")
 PAINT_HZ = 15
 INTERRUPTED_FLASH_S = 1.5  # how long "Interrupted" stays up after a cut
 CHOOSE_FOLDER = "\x00choose-folder"  # model picker item that opens a folder dialog
-DEMO_DOWNLOAD = "omnidesk models download Qwen/Qwen2.5-Omni-3B"
+STOP_TIP = "Stop the reply now (Esc): same as cutting in by voice"
+STOP_TIP_DUPLEX = ("Stop the assistant now (Esc): what is playing is dropped and it stays muted until it has "
+                   "finished the sentence it was saying")
+INTERRUPT_AFTER_TIP = "Cut the current or next reply this long after it starts playing"
+INTERRUPT_AFTER_TIP_DUPLEX = "Stop the assistant this long after it starts speaking (as Stop reply does)"
 PLACEHOLDERS = {  # the empty conversation says what to do now
     "loading": "Loading the model…",
     "idle": "Not listening yet (see the message above, if any).",
@@ -137,11 +149,13 @@ class MainWindow(QMainWindow):
         self.conversation.turn_interrupted.connect(self._on_interrupted)
         self.conversation.turn_failed.connect(self._on_turn_failed)
         self.conversation.status_changed.connect(self._on_status)
+        self.conversation.duplex_changed.connect(self._on_duplex)
         self.engine_config = EngineConfig(voice=settings.voice)
         self.loading = False
         self.engine_state: TurnState | None = None
         self.status = None
         self._status_dirty = False
+        self.duplex: DuplexShown | None = None  # the latest view of a full-duplex conversation
         self._interrupted_until = 0.0
         self._failed_turn: int | None = None  # the turn whose failure the error banner shows
         self._pending_say = None  # audio to say once the sound-file session is up
@@ -187,6 +201,9 @@ class MainWindow(QMainWindow):
         panel = QVBoxLayout(side)
         self.state_indicator = StateIndicator()
         panel.addWidget(self.state_indicator)
+        self.duplex_activity = DuplexActivity()  # full-duplex models: both sides at once
+        self.duplex_activity.hide()
+        panel.addWidget(self.duplex_activity)
         self.level = LevelMeter()
         level_row = QFormLayout()
         level_row.addRow("Microphone", self.level)
@@ -205,7 +222,7 @@ class MainWindow(QMainWindow):
         self.mute_button.setCheckable(True)
         self.mute_button.toggled.connect(self._on_mute)
         self.stop_button = QPushButton("&Stop reply")
-        self.stop_button.setToolTip("Stop the reply now (Esc): same as cutting in by voice")
+        self.stop_button.setToolTip(STOP_TIP)
         self.stop_button.clicked.connect(self.stop_reply)
         buttons.addWidget(self.mute_button)
         buttons.addWidget(self.stop_button)
@@ -258,7 +275,7 @@ class MainWindow(QMainWindow):
         self.interrupt_ms.setAccessibleName("Interrupt after milliseconds")
         self.interrupt_ms.valueChanged.connect(self._on_interrupt_ms)
         self.interrupt_after_button = QPushButton("Interrupt &after")
-        self.interrupt_after_button.setToolTip("Cut the current or next reply this long after it starts playing")
+        self.interrupt_after_button.setToolTip(INTERRUPT_AFTER_TIP)
         self.interrupt_after_button.clicked.connect(self.arm_interrupt_after)
         row.addWidget(self.interrupt_after_button)
         row.addWidget(self.interrupt_ms)
@@ -390,22 +407,34 @@ class MainWindow(QMainWindow):
         self.loaded = loaded
         self.statusBar().showMessage(f"{loaded.name} ready on {loaded.device} ({loaded.choice.why})", 8000)
         self.setWindowTitle(f"OmniDesk: {loaded.name}")
-        if loaded.demo:
-            self.demo_banner.show_message(
-                "<b>Demo model</b>: tiny and untrained (random weights), so its replies are noise, not speech. "
-                f"Get real weights with <code>{DEMO_DOWNLOAD}</code>, then pick the model here.")
+        if loaded.demo:  # each family's own words: what its demo is, where real weights are
+            what, _, rest = loaded.demo_notice.partition(": ")
+            self.demo_banner.show_message(f"<b>{html.escape(what)}</b>: {html.escape(rest)}" if rest
+                                          else html.escape(what))
         else:
             self.demo_banner.hide()
         self.voice_picker.clear()
         for name in loaded.voices:
             self.voice_picker.addItem(name, name)
+        # a model with one voice (Moshi) has nothing to pick
+        self.voice_picker.setEnabled(bool(loaded.voices))
+        self.voice_picker.setToolTip("" if loaded.voices else f"{loaded.family_title} speaks with one voice")
         voice = self.settings.voice if self.settings.voice in loaded.voices else (loaded.voices or [None])[0]
         self.engine_config.voice = voice
         if voice is not None:
             self.voice_picker.setCurrentIndex(loaded.voices.index(voice))
+        self._show_model_kind(loaded.duplex)
         self._select_model_item(loaded.choice)
         self.model_loaded.emit(loaded)
         self.open_session()
+
+    def _show_model_kind(self, duplex: bool) -> None:
+        """Turn-based or full duplex: the controls and the overlay say what they do for this model."""
+        self.duplex_activity.setVisible(duplex)
+        self.overlay.set_duplex(duplex)
+        self.stop_button.setToolTip(STOP_TIP_DUPLEX if duplex else STOP_TIP)
+        self.interrupt_after_button.setToolTip(INTERRUPT_AFTER_TIP_DUPLEX if duplex else INTERRUPT_AFTER_TIP)
+        self.barge_in_counts.setText("Stops: 0" if duplex else "Barge-ins: 0 confirmed, 0 false")
 
     def _on_model_failed(self, exc: BaseException, load_id: int) -> None:
         if load_id != self._load_id:
@@ -435,7 +464,7 @@ class MainWindow(QMainWindow):
     def _on_model_picked(self, index: int) -> None:
         source = self.model_picker.itemData(index)
         if source == CHOOSE_FOLDER:
-            folder = QFileDialog.getExistingDirectory(self, "Choose a Qwen2.5-Omni checkpoint folder")
+            folder = QFileDialog.getExistingDirectory(self, "Choose a model checkpoint folder")
             if not folder:
                 if self.loaded is not None:
                     self._select_model_item(self.loaded.choice)
@@ -497,6 +526,11 @@ class MainWindow(QMainWindow):
 
     # ------------------------------------------------------------------ session
     @property
+    def duplex_model(self) -> bool:
+        """A full-duplex model (Moshi) is loaded: no turns, one step per frame."""
+        return self.loaded is not None and self.loaded.duplex
+
+    @property
     def session(self):
         return self.conversation.session
 
@@ -520,6 +554,8 @@ class MainWindow(QMainWindow):
             self.info_banner.hide()
         self.transcript.clear_turns()
         self.overlay.clear()
+        self.duplex = None
+        self.duplex_activity.set_activity(user_speaking=False, assistant_speaking=False, muted=False)
         self.engine_state = None
         self.status = None
         self._status_dirty = True
@@ -546,7 +582,9 @@ class MainWindow(QMainWindow):
     def _on_session_stopped(self, message: str) -> None:
         self.engine_state = None
         if "out of memory" in message.lower():
-            message = ("The GPU ran out of memory during the reply. Pick a smaller model (Qwen/Qwen2.5-Omni-3B) "
+            from omnidesk.models.families import SMALLEST_REPO
+
+            message = (f"The GPU ran out of memory during the reply. Pick a smaller model ({SMALLEST_REPO}) "
                        "or close other programs that use the GPU, then Retry")
         self.error_banner.show_message(as_sentence(message), {"Retry": self.retry, "Open the log": self.open_log})
 
@@ -588,6 +626,11 @@ class MainWindow(QMainWindow):
         self.status = status
         self._status_dirty = True
 
+    def _on_duplex(self, shown: DuplexShown) -> None:
+        self.duplex = shown
+        self.transcript.show_duplex(shown)
+        self.overlay.show_duplex(shown)
+
     def _show_turn(self, view: TurnView) -> None:
         failed = self._failed_turn
         if failed is not None and view.done and view.number > failed:  # a later turn worked
@@ -600,6 +643,9 @@ class MainWindow(QMainWindow):
     def paint(self) -> None:
         state = self.display_state()
         self.state_indicator.set_state(state)
+        if self.duplex is not None:
+            v = self.duplex.view
+            self.duplex_activity.set_activity(v.user_speaking, v.assistant_speaking, v.muted)
         self.transcript.set_placeholder(PLACEHOLDERS.get(state, PLACEHOLDERS["listening"]))
         self.transcript.render()
         if self._status_dirty:
@@ -608,7 +654,9 @@ class MainWindow(QMainWindow):
             self.level.set_level(None if s is None else s.level_dbfs)
             if self.mute_button.isChecked():
                 self.level.set_level(None, "muted")
-            if s is not None:
+            if s is not None and self.duplex_model:  # a duplex model has stops, not voice barge-ins
+                self.barge_in_counts.setText(f"Stops: {s.confirmed_barge_ins}")
+            elif s is not None:
                 self.barge_in_counts.setText(f"Barge-ins: {s.confirmed_barge_ins} confirmed, "
                                              f"{s.false_barge_ins} false")
             self.overlay.show_status(s)
@@ -624,6 +672,8 @@ class MainWindow(QMainWindow):
             return "interrupted"
         if self.mute_button.isChecked():
             return "muted"
+        if self.duplex_model:
+            return self._duplex_state()
         state = self.engine_state
         if state in (TurnState.USER_SPEAKING, TurnState.SUSPECTED_BARGE_IN):
             return "user_speaking"
@@ -633,6 +683,21 @@ class MainWindow(QMainWindow):
             current = self.overlay.current
             playing = current is not None and current.events.get("playback_start") is not None
             return "speaking" if playing else "thinking"
+        return "push_to_talk" if self.push_to_talk_on() else "listening"
+
+    def _duplex_state(self) -> str:
+        """A full-duplex model: both sides may speak at once; after a stop the assistant is muted."""
+        v = self.duplex.view if self.duplex is not None else None
+        if v is None:
+            return "push_to_talk" if self.push_to_talk_on() else "listening"
+        if v.user_speaking and v.assistant_speaking:
+            return "both_speaking"
+        if v.user_speaking:
+            return "user_speaking"
+        if v.muted:
+            return "assistant_muted"
+        if v.assistant_speaking:
+            return "speaking"
         return "push_to_talk" if self.push_to_talk_on() else "listening"
 
     # ------------------------------------------------------------------ controls
@@ -665,7 +730,9 @@ class MainWindow(QMainWindow):
             return
         ms = self.interrupt_ms.value()
         self.session.interrupt_after(ms)
-        self.statusBar().showMessage(f"The current or next reply will be cut {ms} ms after it starts playing.", 6000)
+        message = (f"The assistant will be stopped {ms} ms after it starts speaking." if self.duplex_model
+                   else f"The current or next reply will be cut {ms} ms after it starts playing.")
+        self.statusBar().showMessage(message, 6000)
 
     def _on_interrupt_ms(self, value: int) -> None:
         self.settings.interrupt_after_ms = value

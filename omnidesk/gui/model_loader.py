@@ -1,9 +1,13 @@
 """Which model to open and loading it (runs on a worker thread, never on the UI thread).
 
 The best model available: the one configured (command line or the window's
-model picker), else a Qwen2.5-Omni checkpoint found in the local Hugging Face
-cache, else the demo model (random weights: its replies are noise).  The rule
+model picker), else a checkpoint found in the local Hugging Face cache, else
+the demo model (random weights: its replies are noise).  The rule
 itself lives in :mod:`omnidesk.models.choice` (Qt-free), shared with the CLI.
+
+Which family a checkpoint belongs to (turn-based or full duplex), how to load
+it, its demo and its demo notice come from the family registry
+(:mod:`omnidesk.models.families`).
 """
 
 from __future__ import annotations
@@ -22,14 +26,18 @@ __all__ = ["DEMO", "CatalogEntry", "LoadedModel", "ModelChoice", "catalog", "cho
 
 @dataclass
 class LoadedModel:
-    """A loaded stack and the executor every session of this model uses."""
+    """A loaded model and the executor every session of this model uses."""
 
     choice: ModelChoice
-    stack: object  # omnidesk.models.loading.OmniStack
-    executor: object  # omnidesk.engine.executor.Executor
+    stack: object  # the family's loaded weights where it has them (Loaded.stack), else None
+    executor: object  # omnidesk.engine.executor.Executor or engine.duplex.DuplexExecutor
     demo: bool
     device: str
     voices: list[str] = field(default_factory=list)
+    family_title: str = ""  # what a person calls the family
+    demo_notice: str = ""  # the family's words on its demo (shown when ``demo``)
+    duplex: bool = False  # full duplex (no turns, one step per frame)
+    model_info: dict = field(default_factory=dict)  # the family's description for the timeline
 
     @property
     def name(self) -> str:
@@ -37,8 +45,7 @@ class LoadedModel:
 
     def timeline_model_info(self) -> dict:
         """The ``model`` object of the timeline JSON (what `omnidesk talk` writes)."""
-        return {"path": str(self.stack.path), "name": self.name, "demo": self.demo,
-                "dtype": str(self.stack.dtype).replace("torch.", "")}
+        return {**self.model_info, "name": self.name, "demo": self.demo}
 
 
 @dataclass(frozen=True)
@@ -66,27 +73,22 @@ def catalog(find=None) -> list[CatalogEntry]:
 
 
 def load_model(choice: ModelChoice, device: str | None, progress: Callable[[str], None]) -> LoadedModel:
-    """Resolve and load ``choice`` (worker thread).  Raises DeviceError (a ``device`` this machine
-    cannot use) and the loader's errors (CheckpointError, ModelTooLargeError, ...) for
+    """Resolve and load ``choice`` through its family (worker thread).  Raises DeviceError (a ``device``
+    this machine cannot use) and the loader's errors (CheckpointError, ModelTooLargeError, ...) for
     :func:`omnidesk.gui.errors.plain_message`."""
-    from omnidesk.engine.executors.qwen2_5_omni import executor_for
-    from omnidesk.models.demo import is_demo, make_demo
-    from omnidesk.models.loading import load_stack
+    from omnidesk.models.families import LoadOptions, demo_family, resolve_model
 
     device = check_device(device) if device else default_device()
-    source = choice.source
-    if source == DEMO:
+    if demo_family(choice.source) is not None:  # "demo", "moshi-demo": made on first use
         progress("Preparing the demo model")
-        source = str(make_demo())
+    root, family = resolve_model(choice.source, make_demo=True)
     progress(f"Loading {choice.name} on {device}")
-    stack = load_stack(source, device=device)
-    progress("Preparing the conversation")
-    executor = executor_for(stack)
-    demo = is_demo(stack.config.raw)
-    if demo and choice.source != DEMO:  # a demo checkpoint opened from a folder is still the demo
-        choice = ModelChoice(choice.source, "Demo model", choice.why)
-    loaded = LoadedModel(choice=choice, stack=stack, executor=executor, demo=demo,
-                         device=str(stack.device), voices=list(stack.voices))
-    log.info("loaded %s from %s on %s (%s)", choice.name, stack.path, stack.device, choice.why)
-    return loaded
-
+    loaded = family.load(root, device, LoadOptions())
+    if loaded.demo and demo_family(choice.source) is None:  # a demo opened from a folder is still the demo
+        choice = ModelChoice(choice.source, "Demo model" if family.demo_name == DEMO else f"{family.title} demo model",
+                             choice.why)
+    log.info("loaded %s (%s%s) from %s on %s (%s)", choice.name, family.title, ", full duplex" if family.duplex else "",
+             root, loaded.device, choice.why)
+    return LoadedModel(choice=choice, stack=loaded.stack, executor=loaded.executor, demo=loaded.demo,
+                       device=loaded.device, voices=loaded.voices, family_title=family.title,
+                       demo_notice=family.demo_notice, duplex=family.duplex, model_info=loaded.model_info)

@@ -1,7 +1,13 @@
 """The latency overlay (F2): the current turn's stages, a big voice-to-voice number, live rates,
 barge-in costs and the recent turns with median and p90.  Built for a projector: dark,
 high-contrast, large type; it floats above the main window (a tool window) and is
-slightly transparent where the window system can do it."""
+slightly transparent where the window system can do it.
+
+For a full-duplex model (Moshi: no turns, one model step per 80 ms frame) it shows the
+clock instead (:meth:`LatencyOverlay.set_duplex`): step time p50 / p90 / last against the
+frame budget, late and dropped frames, lag behind the microphone, and per exchange the delay
+from the end of the user's speech to the start of the assistant's (negative: it started
+while the user was still talking).  Whatever says the model is falling behind is red."""
 
 from __future__ import annotations
 
@@ -11,8 +17,8 @@ from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QColor, QPalette
 from PySide6.QtWidgets import QGridLayout, QHBoxLayout, QLabel, QPushButton, QVBoxLayout, QWidget
 
-from .bridge import TurnView
-from .latency import summary
+from .bridge import DuplexShown, TurnView
+from .latency import percentile, summary
 from .timeline_bar import TimelineBar
 
 RECENT_TURNS = 10  # the table and its median / p90
@@ -20,6 +26,7 @@ OPACITY = 0.92
 BACKGROUND = QColor(18, 20, 26)
 TEXT = QColor(242, 244, 248)
 DIM = QColor(165, 172, 186)
+LATE = QColor(255, 92, 92)  # bright on the dark background: readable from the back of a room
 
 
 def _ms(value_s: float | None) -> str:
@@ -28,6 +35,35 @@ def _ms(value_s: float | None) -> str:
 
 def _num(value, fmt: str) -> str:
     return "–" if value is None else format(value, fmt)
+
+
+def _signed_ms(value_s: float | None) -> str:
+    """A reply delay: negative when the assistant started while the user was still talking."""
+    if value_s is None:
+        return "–"
+    ms = round(value_s * 1000)
+    return f"+{ms} ms" if ms > 0 else (f"−{-ms} ms (overlap)" if ms < 0 else "0 ms")
+
+
+def _over(ms: float | None, budget_ms: float) -> bool:
+    return ms is not None and ms > budget_ms
+
+
+def _paint_value(label: QLabel, text: str, behind: bool) -> None:
+    """Red when the number says the model cannot keep up with the microphone (and said in words to a
+    screen reader, which sees no colour)."""
+    label.setText(text)
+    if label.property("behind") != behind:  # restyling is not free: only when it changes
+        label.setProperty("behind", behind)
+        # both colours explicit: a label whose style sheet is cleared again loses the overlay's palette
+        label.setStyleSheet(f"color: {(LATE if behind else TEXT).name()}")
+        label.setAccessibleDescription("slower than the frame: falling behind" if behind else "")
+
+
+# The full-duplex figures: (key, caption), shown in two rows
+DUPLEX_FIGURES = ((("p50", "step p50"), ("p90", "step p90"), ("last", "last step"), ("frames", "frames")),
+                  (("late", "late frames"), ("dropped", "dropped frames"), ("lag", "lag"),
+                   ("delay", "reply delay (last)"), ("delay_median", "reply delay (median)")))
 
 
 class LatencyOverlay(QWidget):
@@ -83,17 +119,26 @@ class LatencyOverlay(QWidget):
         names = (("thinker", "thinker tok/s"), ("talker", "talker tok/s"), ("rtf", "vocoder RTF"),
                  ("buffer", "playback buffer"), ("underruns", "underruns"))
         for col, (key, caption) in enumerate(names):
-            cap = QLabel(caption)
-            cap.setStyleSheet(f"color: {DIM.name()}")
-            value = QLabel("–")
-            value_font = self.font()
-            value_font.setPointSizeF(value_font.pointSizeF() * 1.4)
-            value_font.setBold(True)
-            value.setFont(value_font)
-            value.setAccessibleName(caption)
-            rates.addWidget(cap, 0, col)
-            rates.addWidget(value, 1, col)
-            self.rates[key] = value
+            self.rates[key] = self._figure(rates, 0, col, caption)
+
+        # full-duplex models: the clock (shown instead of the turn's stages, rates and table)
+        self.duplex_values: dict[str, QLabel] = {}
+        figures = QGridLayout()
+        for row, line in enumerate(DUPLEX_FIGURES):
+            for col, (key, caption) in enumerate(line):
+                self.duplex_values[key] = self._figure(figures, 2 * row, col, caption)
+        self.duplex_note = QLabel()
+        self.duplex_note.setWordWrap(True)
+        self.duplex_note.setStyleSheet(f"color: {DIM.name()}")
+        self.duplex_panel = QWidget()
+        duplex_layout = QVBoxLayout(self.duplex_panel)
+        duplex_layout.setContentsMargins(0, 0, 0, 0)
+        duplex_layout.addLayout(figures)
+        duplex_layout.addWidget(self.duplex_note)
+        duplex_layout.addStretch(1)
+        self.duplex_panel.hide()
+        self.duplex = False
+        self.duplex_shown: DuplexShown | None = None
 
         self.barge_ins = QLabel()
         self.barge_ins.setAccessibleName("Barge-ins")
@@ -114,17 +159,50 @@ class LatencyOverlay(QWidget):
         buttons.addStretch(1)
         buttons.addWidget(self.close_button)
 
+        self.turn_panel = QWidget()  # what only turn-based models have
+        turn_layout = QVBoxLayout(self.turn_panel)
+        turn_layout.setContentsMargins(0, 0, 0, 0)
+        turn_layout.addWidget(self.bar)
+        turn_layout.addLayout(rates)
+
         layout = QVBoxLayout(self)
         layout.addLayout(head)
-        layout.addWidget(self.bar)
-        layout.addLayout(rates)
+        layout.addWidget(self.turn_panel)
+        layout.addWidget(self.duplex_panel, 1)
         layout.addWidget(self.barge_ins)
         layout.addWidget(self.recent, 1)
         layout.addLayout(buttons)
         self.resize(1100, 640)
         self.render()
 
+    def _figure(self, grid: QGridLayout, row: int, col: int, caption: str) -> QLabel:
+        """A dim caption over a large bold value; returns the value's label."""
+        cap = QLabel(caption)
+        cap.setStyleSheet(f"color: {DIM.name()}")
+        value = QLabel("–")
+        value_font = self.font()
+        value_font.setPointSizeF(value_font.pointSizeF() * 1.4)
+        value_font.setBold(True)
+        value.setFont(value_font)
+        value.setAccessibleName(caption)
+        grid.addWidget(cap, row, col)
+        grid.addWidget(value, row + 1, col)
+        return value
+
     # ------------------------------------------------------------------ data in (UI thread)
+    def set_duplex(self, duplex: bool) -> None:
+        """Show the full-duplex clock (True) or the turn-based stages (False), for the model loaded."""
+        self.duplex = duplex
+        self.turn_panel.setVisible(not duplex)
+        self.recent.setVisible(not duplex)
+        self.duplex_panel.setVisible(duplex)
+        self.v2v_caption.setText("step time p50" if duplex else "voice-to-voice")
+        self._dirty = True
+
+    def show_duplex(self, shown: DuplexShown) -> None:
+        self.duplex_shown = shown
+        self._dirty = True
+
     def show_turn(self, view: TurnView) -> None:
         old = self.turns.get(view.number)
         if old is not None and (old.done or old.interrupted) and not (view.done or view.interrupted):
@@ -139,6 +217,7 @@ class LatencyOverlay(QWidget):
     def clear(self) -> None:
         self.turns.clear()
         self.status = None
+        self.duplex_shown = None
         self._dirty = True
 
     @property
@@ -150,6 +229,9 @@ class LatencyOverlay(QWidget):
         if not self._dirty:
             return False
         self._dirty = False
+        if self.duplex:
+            self._render_duplex()
+            return True
         cur = self.current
         self.bar.set_turn(cur)
         if cur is None:
@@ -171,6 +253,39 @@ class LatencyOverlay(QWidget):
         self.barge_ins.setText(self._barge_in_text())
         self.recent.setText(self._recent_html())
         return True
+
+    def _render_duplex(self) -> None:
+        v = self.duplex_shown.view if self.duplex_shown is not None else None
+        values = self.duplex_values
+        if v is None:
+            self.turn_label.setText("Full duplex: say something")
+            self.v2v_caption.setText("step time p50")
+            for label in (self.v2v, *values.values()):
+                _paint_value(label, "–", False)
+        else:
+            budget_ms = v.frame_s * 1000.0
+            self.turn_label.setText(f"Full duplex: {v.frames} frames of {budget_ms:.0f} ms")
+            self.v2v_caption.setText(f"step time p50 (frame budget {budget_ms:.0f} ms)")
+            p50 = v.step_ms_p50
+            _paint_value(self.v2v, _num(p50, ".0f") + (" ms" if p50 is not None else ""), _over(p50, budget_ms))
+            for key, ms in (("p50", p50), ("p90", v.step_ms_p90), ("last", v.last_step_ms)):
+                _paint_value(values[key], _num(ms, ".1f") + (" ms" if ms is not None else ""), _over(ms, budget_ms))
+            _paint_value(values["frames"], str(v.frames), False)
+            _paint_value(values["late"], str(v.late_frames), v.late_frames > 0)
+            _paint_value(values["dropped"], str(v.dropped_frames), v.dropped_frames > 0)
+            _paint_value(values["lag"], f"{v.lag_s:.2f} s", v.lag_s > v.frame_s)
+            _paint_value(values["delay"], _signed_ms(v.last_delay_s), False)
+            median = percentile(list(v.delays_s), 50)
+            n = len(v.delays_s)
+            _paint_value(values["delay_median"],
+                         _signed_ms(median) + (f" ({n} exchange{'s' if n > 1 else ''})" if n else ""), False)
+        self.duplex_note.setText(
+            "One model step per frame: a step slower than the frame (red) makes the model fall behind the "
+            "microphone, and the oldest input frames are then dropped. Reply delay: from the end of your speech "
+            "to the start of the assistant's; negative when it started while you were still talking.")
+        stops = getattr(self.status, "confirmed_barge_ins", None)
+        muted = "   ·   assistant muted (stopped)" if v is not None and v.muted else ""
+        self.barge_ins.setText(f"Stops: {_num(stops, 'd')}{muted}")
 
     def _last_measured(self) -> TurnView | None:
         for n in sorted(self.turns, reverse=True):

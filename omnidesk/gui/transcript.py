@@ -1,4 +1,8 @@
-"""The conversation: user turns, the assistant's text as it streams, cut replies with the unheard rest greyed out."""
+"""The conversation: user turns, the assistant's text as it streams, cut replies with the unheard rest greyed out.
+
+A full-duplex model (Moshi) has no turns: the page is then one line per
+exchange, "You" when the user started speaking and "OmniDesk" with the words the
+assistant said from then on, growing while it talks (:meth:`TranscriptView.show_duplex`)."""
 
 from __future__ import annotations
 
@@ -7,7 +11,9 @@ import html
 from PySide6.QtGui import QColor, QPalette
 from PySide6.QtWidgets import QTextBrowser
 
-from .bridge import TurnView
+from .bridge import DuplexShown, TurnView
+
+DUPLEX_LINES = 40  # a duplex conversation can run for hours: the page shows the latest exchanges
 
 
 class TranscriptView(QTextBrowser):
@@ -19,6 +25,7 @@ class TranscriptView(QTextBrowser):
         self.setOpenLinks(False)
         self.setAccessibleName("Conversation")
         self.turns: dict[int, TurnView] = {}
+        self.duplex: DuplexShown | None = None
         self.placeholder = "Say something: OmniDesk is listening."
         self._dirty = True
 
@@ -30,8 +37,14 @@ class TranscriptView(QTextBrowser):
         self.turns[view.number] = view
         self._dirty = True
 
+    def show_duplex(self, shown: DuplexShown) -> None:
+        """The latest state of a full-duplex conversation (replaces the previous one)."""
+        self.duplex = shown
+        self._dirty = True
+
     def clear_turns(self) -> None:
         self.turns.clear()
+        self.duplex = None
         self._dirty = True
 
     def set_placeholder(self, text: str) -> None:
@@ -59,6 +72,8 @@ class TranscriptView(QTextBrowser):
         pal = self.palette()
         muted = _blend(pal.color(QPalette.ColorRole.Text), pal.color(QPalette.ColorRole.Base)).name()
         accent = pal.color(QPalette.ColorRole.Highlight).name()
+        if self.duplex is not None and self.duplex.lines:
+            return self._duplex_html(self.duplex, muted, accent)
         if not self.turns:
             return f"<p style='color:{muted}'>{html.escape(self.placeholder)}</p>"
         parts = []
@@ -94,6 +109,28 @@ class TranscriptView(QTextBrowser):
         else:
             out.append(f"<i style='color:{muted}'>thinking…</i>")
         out.append("</p>")
+        return "".join(out)
+
+    @staticmethod
+    def _duplex_html(shown: DuplexShown, muted: str, accent: str) -> str:
+        v = shown.view
+        lines = shown.line_texts(last=DUPLEX_LINES)
+        out = []
+        if len(shown.lines) > len(lines):
+            out.append(f"<p style='color:{muted}'>… {len(shown.lines) - len(lines)} earlier lines</p>")
+        last_you = max((i for i, (who, _) in enumerate(lines) if who == "you"), default=None)
+        last_assistant = max((i for i, (who, _) in enumerate(lines) if who == "assistant"), default=None)
+        for i, (who, text) in enumerate(lines):
+            if who == "you":
+                now = "speaking…" if i == last_you and v.user_speaking else "spoke"
+                out.append(f"<p><b style='color:{accent}'>You</b> <span style='color:{muted}'>({now})</span></p>")
+                continue
+            talking = i == last_assistant and v.assistant_speaking
+            words = html.escape(text) if text else f"<i style='color:{muted}'>(no words{' yet' if talking else ''})</i>"
+            out.append(f"<p style='margin-left:1em'><b>OmniDesk</b><br>{words}{' …' if talking else ''}</p>")
+        if v.muted:
+            out.append(f"<p style='margin-left:1em'><i style='color:{muted}'>Stopped: the assistant is muted "
+                       f"until it ends the sentence it was saying</i></p>")
         return "".join(out)
 
 

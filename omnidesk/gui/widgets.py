@@ -18,6 +18,9 @@ STATE_LOOK = {
     "thinking": ("Thinking", "#8a5cc2"),
     "speaking": ("Speaking", "#c2621f"),
     "interrupted": ("Interrupted", "#c22f4a"),
+    # full-duplex models (Moshi): both sides may talk at once; a stop mutes the assistant for a while
+    "both_speaking": ("You're both speaking", "#6a4fb0"),
+    "assistant_muted": ("Assistant muted", "#c22f4a"),
 }
 
 
@@ -45,6 +48,55 @@ class StateIndicator(QLabel):
         pad = max(4, self.fontMetrics().height() // 3)
         self.setStyleSheet(f"QLabel {{ background: {colour}; color: white; border-radius: {pad * 2}px; "
                            f"padding: {pad}px {pad * 3}px; }}")
+
+
+def _pill_style(label: QLabel, colour: str) -> str:
+    pad = max(3, label.fontMetrics().height() // 4)
+    return (f"QLabel {{ background: {colour}; color: white; border-radius: {pad * 2}px; "
+            f"padding: {pad}px {pad * 2}px; }}")
+
+
+# (text, colour) of each lamp state; "quiet" is dim so that a lit lamp stands out on a projector
+LAMP_LOOK = {
+    ("you", "speaking"): ("You: speaking", "#1f6fb2"),
+    ("you", "quiet"): ("You: quiet", "#6b7280"),
+    ("assistant", "speaking"): ("Assistant: speaking", "#c2621f"),
+    ("assistant", "quiet"): ("Assistant: quiet", "#6b7280"),
+    ("assistant", "muted"): ("Assistant: muted", "#c22f4a"),
+}
+
+
+class DuplexActivity(QFrame):
+    """Two lamps side by side for a full-duplex model, which hears and speaks at the same time:
+    who is speaking now ("You", "Assistant"), and "muted" after a stop.  Hidden for turn-based models."""
+
+    def __init__(self, parent=None):
+        super().__init__(parent)
+        self.setAccessibleName("Who is speaking")
+        layout = QHBoxLayout(self)
+        layout.setContentsMargins(0, 0, 0, 0)
+        self.you = QLabel()
+        self.assistant = QLabel()
+        for lamp in (self.you, self.assistant):
+            lamp.setAlignment(Qt.AlignmentFlag.AlignCenter)
+            font = lamp.font()
+            font.setBold(True)
+            lamp.setFont(font)
+            layout.addWidget(lamp, 1)
+        self.states: dict[str, str] = {}
+        self.set_activity(user_speaking=False, assistant_speaking=False, muted=False)
+
+    def set_activity(self, user_speaking: bool, assistant_speaking: bool, muted: bool) -> None:
+        you = "speaking" if user_speaking else "quiet"
+        assistant = "muted" if muted else ("speaking" if assistant_speaking else "quiet")
+        for who, lamp, state in (("you", self.you, you), ("assistant", self.assistant, assistant)):
+            if self.states.get(who) == state:
+                continue
+            self.states[who] = state
+            text, colour = LAMP_LOOK[(who, state)]
+            lamp.setText(text)
+            lamp.setAccessibleName(text)
+            lamp.setStyleSheet(_pill_style(lamp, colour))
 
 
 class LevelMeter(QProgressBar):

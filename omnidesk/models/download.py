@@ -1,4 +1,4 @@
-"""Download a Qwen2.5-Omni checkpoint into the local Hugging Face cache.
+"""Download a published checkpoint (a repo of any family the registry knows) into the local Hugging Face cache.
 
 This is the only place OmniDesk uses the network, and only when the user asks
 for it (``omnidesk models download``).  ``huggingface_hub.snapshot_download``
@@ -6,42 +6,25 @@ does the work: files that finished downloading are kept in the cache, so an
 interrupted download continues where it stopped when run again, and a
 complete one is not fetched twice.  Only the files the loader reads are
 fetched (no README, images or other extras).  The result is the snapshot
-directory that :func:`omnidesk.models.loading.resolve_checkpoint` finds for
-the repo id.
+directory that :func:`omnidesk.models.checkpoint.resolve_checkpoint` finds for the
+repo id.  What each known repo needs is in the registry (``families.RECOMMENDED``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
-from dataclasses import dataclass
 from pathlib import Path
 
-from .loading import CheckpointError, hf_hub_cache, resolve_checkpoint
+from .checkpoint import CheckpointError, hf_hub_cache, resolve_checkpoint
 
 
 class DownloadError(RuntimeError):
     """The download failed; the message names the repo, the reason and what to do."""
 
 
-@dataclass(frozen=True)
-class Recommendation:
-    download_gb: float  # approximate size of the files fetched
-    gpu_memory_gb: int  # GPU memory to plan for in bf16
-    guidance: str  # what it needs to run (the size is download_gb: say it once, see summary())
-
-    def summary(self) -> str:
-        """One line for the user before a download: size, then what it needs."""
-        return f"about {self.download_gb:g} GB to download; {self.guidance}"
-
-
-RECOMMENDED: dict[str, Recommendation] = {
-    "Qwen/Qwen2.5-Omni-3B": Recommendation(11, 16, "in bf16 it fits a 16 GB NVIDIA GPU"),
-    "Qwen/Qwen2.5-Omni-7B": Recommendation(22, 24, "in bf16 it wants an NVIDIA GPU with 24 GB or more"),
-}
-
-# Everything the loader reads (config, weights + index, voices, tokenizer, chat template,
-# feature-extractor config).  Left out: README/.gitattributes, images and other assets.
+# Everything the loaders read (config, weights + index, voices, tokenizer, chat template,
+# feature-extractor config; Moshi: its two safetensors and tokenizer_spm_32k_3.model).  Left out: README/.gitattributes, images and other assets.
 ALLOW_PATTERNS = [
     "*.json",  # config, generation_config, preprocessor_config, index, tokenizer jsons, vocab.json
     "*.safetensors",
@@ -110,6 +93,8 @@ def _describe(repo_id: str, error: BaseException, where: str, cache: Path) -> st
     if isinstance(error, KeyboardInterrupt):
         return f"download of {repo_id} was interrupted." + resume
     if _disk_full(error):
+        from .families import RECOMMENDED
+
         need = RECOMMENDED.get(repo_id)
         size = f" (the model needs about {need.download_gb:g} GB)" if need else ""
         return (f"not enough disk space for {repo_id} in {cache}{size}. Free some space, or point "
@@ -171,4 +156,4 @@ def download(repo_id: str, cache_dir: Path | None = None, endpoint: str | None =
     return snapshot
 
 
-__all__ = ["ALLOW_PATTERNS", "DownloadError", "RECOMMENDED", "Recommendation", "download"]
+__all__ = ["ALLOW_PATTERNS", "DownloadError", "download"]

@@ -1,38 +1,95 @@
 """The model families OmniDesk runs: the one place that names them.
 
-A family knows how to recognise one of its checkpoints (config.json's
-``model_type``, else the files present), the name of its built-in demo and how
-to make it, and whether it is turn-based (Qwen2.5-Omni: the engine decides
-when to reply) or full duplex (Moshi: one step per 80 ms frame, it decides).
-Everything that must pick a family (the CLI, the window, the inventory) asks
-:func:`family_of` / :func:`resolve_model` instead of testing names itself.
+Each family is one folder under ``omnidesk/models/`` (its modules, weight map,
+loader, executor, demo recipe, memory estimate and verifier).  This registry
+maps a family to those pieces; everything that must pick a family (the CLI,
+the window, the inventory, ``models verify/list/download``) asks
+:func:`family_of` / :func:`resolve_model` / :func:`load_model` instead of
+testing names itself.  Adding a family = its folder + one :class:`Family`
+entry in :data:`FAMILIES`.
 
-The Qwen2.5-Omni entry is a thin adapter over the existing functions in
-``omnidesk.models`` (demo, loading), which stay where they are for now.
+A family is either turn-based (Qwen2.5-Omni: the engine decides when the user
+finished and the executor replies, :class:`~omnidesk.engine.executor.Executor`)
+or full duplex (Moshi: one step per 80 ms frame, the model decides when to
+talk, :class:`~omnidesk.engine.duplex.DuplexExecutor`).  ``make_engine`` picks
+the engine from the executor.
+
+The family modules are imported on first use, so reading the registry costs
+nothing.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
-from .loading import CheckpointError
+from .checkpoint import CheckpointError, VerifyReport, resolve_checkpoint
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    """What a published repo needs, said before a download."""
+
+    download_gb: float  # approximate size of the files fetched
+    gpu_memory_gb: int  # GPU memory to plan for in bf16
+    guidance: str  # what it needs to run (the size is download_gb: say it once, see summary())
+
+    def summary(self) -> str:
+        """One line for the user before a download: size, then what it needs."""
+        return f"about {self.download_gb:g} GB to download; {self.guidance}"
+
+
+@dataclass
+class LoadOptions:
+    """What a front end may ask of any family's loader; a family ignores what it has no use for
+    (``ignored_by`` says which, so the CLI can say so)."""
+
+    greedy: bool = False
+    seed: int = 0
+    voice: str | None = None
+    max_text_tokens: int | None = None
+    max_codec_tokens: int | None = None
+
+
+@dataclass
+class Loaded:
+    """A loaded model, ready for an engine."""
+
+    family: "Family"
+    root: Path
+    executor: Any  # Executor (turn-based) or DuplexExecutor (duplex)
+    device: str
+    demo: bool
+    voices: list[str]
+    model_info: dict  # the timeline's "model" section
+    stack: Any = None  # the family's loaded weights where a front end needs them (Qwen: OmniStack)
 
 
 @dataclass(frozen=True)
 class Family:
     name: str  # "qwen2_5_omni", "moshi"
     title: str  # what a person calls it
+    duplex: bool  # full duplex (DuplexExecutor) rather than turn-based (Executor)
     detect: Callable[[Path], bool]  # is this checkpoint directory one of ours?
     demo_name: str  # what names the built-in demo wherever a model is asked for
     make_demo: Callable[..., Path]  # (dir=None, force=False) -> the demo's directory
     demo_dir: Callable[[], Path]  # where the default demo lives (made or not)
     is_demo: Callable[[Path], bool]  # is this checkpoint directory the demo?
     demo_notice: str
-    duplex: bool  # full duplex (DuplexExecutor) rather than turn-based (Executor)
+    load: Callable[[Path, str, LoadOptions], Loaded]  # (root, device, options)
+    verify: Callable[[Path, VerifyReport, bool], None]  # (root, report, load_test): problems into the report
+    voices: Callable[[Path], list[str]]  # voice names ([] for a one-voice model)
+    declared_dtype: Callable[[Path], str | None]  # the dtype its config declares, if any
+    input_rate: Callable[[Path], int]  # the rate front ends read sound files at (the engine's session rate)
+    repos: dict[str, Recommendation] = field(default_factory=dict)  # published repos `models download` knows
+    ignored_options: tuple[str, ...] = ()  # LoadOptions fields it has no use for
+    # The unstreamed one-turn tools (`omnidesk reply`, `omnidesk bench`, the terminal check turn): a module
+    # with generate_reply(stack, wave, ...), talker_defaults(stack, greedy) and run_bench(stack, ...); None
+    # where the family has none (a full-duplex model has no turn to run on its own).
+    turn_tools: Callable[[], Any] | None = None
 
 
 def _config(root: Path) -> dict | None:
@@ -43,7 +100,7 @@ def _config(root: Path) -> dict | None:
     return d if isinstance(d, dict) else None
 
 
-# ---------------------------------------------------------------- Qwen2.5-Omni (adapter)
+# ---------------------------------------------------------------- Qwen2.5-Omni
 
 def _qwen_detect(root: Path) -> bool:
     d = _config(root)
@@ -51,27 +108,88 @@ def _qwen_detect(root: Path) -> bool:
 
 
 def _qwen_make_demo(dir=None, force: bool = False) -> Path:
-    from .demo import make_demo
+    from .qwen2_5_omni.demo import make_demo
 
     return make_demo(dir, force=force)
 
 
 def _qwen_demo_dir() -> Path:
-    from .demo import default_demo_dir
+    from .qwen2_5_omni.demo import default_demo_dir
 
     return default_demo_dir()
 
 
 def _qwen_is_demo(root: Path) -> bool:
-    from .demo import is_demo
+    from .qwen2_5_omni.demo import is_demo
 
     return is_demo(_config(root) or {})
 
 
+def _qwen_load(root: Path, device: str, options: LoadOptions) -> Loaded:
+    from .qwen2_5_omni.demo import is_demo
+    from .qwen2_5_omni.executor import executor_for
+    from .qwen2_5_omni.loading import load_stack
+
+    stack = load_stack(root, device=device)
+    if options.voice and options.voice not in stack.voices:
+        raise CheckpointError(f"unknown voice '{options.voice}'; this model has: "
+                              f"{', '.join(stack.voices) or 'no voices'}")
+    executor = executor_for(stack, greedy=options.greedy, max_text_tokens=options.max_text_tokens,
+                            max_codec_tokens=options.max_codec_tokens)
+    demo = is_demo(stack.config.raw)
+    info = {"path": str(stack.path), "family": "qwen2_5_omni", "demo": demo,
+            "dtype": str(stack.dtype).replace("torch.", "")}
+    return Loaded(QWEN, root, executor, str(stack.device), demo, list(stack.voices), info, stack)
+
+
+def _qwen_verify(root: Path, report: VerifyReport, load_test: bool) -> None:
+    from .qwen2_5_omni.verify import verify
+
+    verify(root, report, load_test)
+
+
+def _qwen_voices(root: Path) -> list[str]:
+    from .qwen2_5_omni.verify import voice_names
+
+    return voice_names(root)
+
+
+def _qwen_dtype(root: Path) -> str | None:
+    from .qwen2_5_omni.verify import config_dtype
+
+    return config_dtype(root)
+
+
+def _qwen_input_rate(root: Path) -> int:
+    from .qwen2_5_omni.features import FeatureConfig
+
+    try:
+        return FeatureConfig.from_preprocessor_config(root).sampling_rate
+    except Exception:  # the loader names what is wrong with the checkpoint
+        return 16000
+
+
+def _qwen_tools():
+    from .qwen2_5_omni import tools
+
+    return tools
+
+
 def _qwen_notice() -> str:
-    from .demo import DEMO_NOTICE
+    from .qwen2_5_omni.demo import DEMO_NOTICE
 
     return DEMO_NOTICE
+
+
+QWEN = Family(
+    name="qwen2_5_omni", title="Qwen2.5-Omni", duplex=False, detect=_qwen_detect, demo_name="demo",
+    make_demo=_qwen_make_demo, demo_dir=_qwen_demo_dir, is_demo=_qwen_is_demo, demo_notice=_qwen_notice(),
+    load=_qwen_load, verify=_qwen_verify, voices=_qwen_voices, declared_dtype=_qwen_dtype,
+    input_rate=_qwen_input_rate, turn_tools=_qwen_tools,
+    repos={
+        "Qwen/Qwen2.5-Omni-3B": Recommendation(11, 16, "in bf16 it fits a 16 GB NVIDIA GPU"),
+        "Qwen/Qwen2.5-Omni-7B": Recommendation(22, 24, "in bf16 it wants an NVIDIA GPU with 24 GB or more"),
+    })
 
 
 # ---------------------------------------------------------------- Moshi
@@ -108,9 +226,24 @@ def _moshi_is_demo(root: Path) -> bool:
     return is_moshi_demo(_config(root))
 
 
-QWEN = Family(name="qwen2_5_omni", title="Qwen2.5-Omni", detect=_qwen_detect, demo_name="demo",
-              make_demo=_qwen_make_demo, demo_dir=_qwen_demo_dir, is_demo=_qwen_is_demo,
-              demo_notice=_qwen_notice(), duplex=False)
+def _moshi_load(root: Path, device: str, options: LoadOptions) -> Loaded:
+    from .moshi.executor import load_moshi
+
+    executor = load_moshi(root, device=device, greedy=options.greedy, seed=options.seed)
+    info = executor.model_info()
+    return Loaded(MOSHI, root, executor, str(executor.device), bool(info.get("demo")), [], info)
+
+
+def _moshi_verify(root: Path, report: VerifyReport, load_test: bool) -> None:
+    from .moshi.verify import verify
+
+    verify(root, report, load_test)
+
+
+def _session_rate(root: Path) -> int:
+    from ..engine.duplex import SESSION_RATE  # the duplex engine resamples to the model at its boundary
+
+    return SESSION_RATE
 
 
 def _moshi_notice() -> str:
@@ -119,12 +252,26 @@ def _moshi_notice() -> str:
     return DEMO_NOTICE
 
 
-MOSHI = Family(name="moshi", title="Moshi", detect=_moshi_detect, demo_name="moshi-demo",
-               make_demo=_moshi_make_demo, demo_dir=_moshi_demo_dir, is_demo=_moshi_is_demo,
-               demo_notice=_moshi_notice(), duplex=True)
+_MOSHI_GUIDANCE = ("in bf16 it wants an NVIDIA GPU with 24 GB (about 18 GB at the full 3000-frame context); "
+                   "full duplex: it listens and talks at once")
+MOSHI = Family(
+    name="moshi", title="Moshi", duplex=True, detect=_moshi_detect, demo_name="moshi-demo",
+    make_demo=_moshi_make_demo, demo_dir=_moshi_demo_dir, is_demo=_moshi_is_demo, demo_notice=_moshi_notice(),
+    load=_moshi_load, verify=_moshi_verify, voices=lambda root: [], declared_dtype=lambda root: None,
+    input_rate=_session_rate,
+    repos={
+        "kyutai/moshiko-pytorch-bf16": Recommendation(16, 24, "Moshiko (male voice); " + _MOSHI_GUIDANCE),
+        "kyutai/moshika-pytorch-bf16": Recommendation(16, 24, "Moshika (female voice); " + _MOSHI_GUIDANCE),
+    },
+    # one voice, and no reply to limit: it talks when it likes, one frame at a time
+    ignored_options=("voice", "max_text_tokens", "max_codec_tokens"))
 
 FAMILIES: tuple[Family, ...] = (QWEN, MOSHI)
+RECOMMENDED: dict[str, Recommendation] = {repo: r for f in FAMILIES for repo, r in f.repos.items()}
+SMALLEST_REPO = "Qwen/Qwen2.5-Omni-3B"  # what to suggest to a user who has no model yet
 
+
+# ---------------------------------------------------------------- lookups
 
 def family_named(name: str) -> Family:
     """A family by its name, title or demo name ("qwen", "moshi", ... case-insensitive)."""
@@ -135,14 +282,20 @@ def family_named(name: str) -> Family:
     raise ValueError(f"unknown model family '{name}'; known: {', '.join(f.name for f in FAMILIES)}")
 
 
+def detect_family(root: str | os.PathLike) -> Family | None:
+    """The family of the checkpoint directory ``root``, or None."""
+    root = Path(root)
+    return next((f for f in FAMILIES if root.is_dir() and f.detect(root)), None)
+
+
 def family_of(root: str | os.PathLike) -> Family:
     """The family of the checkpoint directory ``root``; CheckpointError when no family knows it."""
     root = Path(root)
     if not root.is_dir():
         raise CheckpointError(f"checkpoint directory not found: {root}")
-    for f in FAMILIES:
-        if f.detect(root):
-            return f
+    family = detect_family(root)
+    if family is not None:
+        return family
     d = _config(root)
     what = (f"its config.json has model_type {d.get('model_type')!r}" if d is not None
             else "it has no config.json and not the files of a published Moshi repo")
@@ -155,14 +308,36 @@ def demo_family(name: str) -> Family | None:
     return next((f for f in FAMILIES if f.demo_name == name), None)
 
 
-def resolve_model(name_or_path: str | os.PathLike) -> tuple[Path, Family]:
+def resolve_model(name_or_path: str | os.PathLike, make_demo: bool = False) -> tuple[Path, Family]:
     """A model name as the user gives it (a demo name, a folder, a cached repo id) -> (directory, family).
 
-    A demo name resolves to its demo, which must have been made (``omnidesk models make-demo``)."""
-    from .loading import resolve_checkpoint
-
+    A demo name resolves to its demo; ``make_demo`` makes it first when it is not there yet
+    (otherwise it must have been made: ``omnidesk models make-demo``)."""
+    if make_demo and isinstance(name_or_path, str) and (family := demo_family(name_or_path)) is not None:
+        return family.make_demo(), family
     root = resolve_checkpoint(name_or_path)
     return root, family_of(root)
 
 
-__all__ = ["FAMILIES", "Family", "MOSHI", "QWEN", "demo_family", "family_named", "family_of", "resolve_model"]
+def load_model(name_or_path: str | os.PathLike, device: str, options: LoadOptions | None = None) -> Loaded:
+    """Resolve (demo names are made on first use), detect the family and load its executor."""
+    root, family = resolve_model(name_or_path, make_demo=True)
+    return family.load(root, device, options or LoadOptions())
+
+
+def verify(name_or_path: str | os.PathLike, load_test: bool = True) -> VerifyReport:
+    """`models verify`: never raises; every problem is a message in the report."""
+    try:
+        root, family = resolve_model(name_or_path)
+    except CheckpointError as e:
+        report = VerifyReport(Path(name_or_path))
+        report.problems.append(str(e))
+        return report
+    report = VerifyReport(root, family=family.name, demo=family.is_demo(root))
+    family.verify(root, report, load_test)
+    return report
+
+
+__all__ = ["FAMILIES", "Family", "LoadOptions", "Loaded", "MOSHI", "QWEN", "RECOMMENDED", "Recommendation",
+           "SMALLEST_REPO", "demo_family", "detect_family", "family_named", "family_of", "load_model",
+           "resolve_model", "verify"]

@@ -1,81 +1,45 @@
-"""The Qwen2 decoder shared by the thinker and the talker.
+"""Building blocks every family's transformers share: RMS norm, rotary embeddings, one-query attention.
 
-Two ways to run a step over a preallocated :class:`KVCache`:
-
-* eager (``input_pos=None``): positions follow ``cache.length``; attention
-  reads only the valid prefix ``[:length]``.  Fastest on the CPU, any T.
-* static (``input_pos`` given, T fixed): writes with ``index_copy_`` at tensor
-  positions and attends over the whole capacity with a position mask, so no
-  shape or Python value depends on the step: this is the form a CUDA graph can
-  capture.  The caller owns ``cache.length`` in this mode.
-
-Both give the same numbers (tested).  q/k/v and gate/up projections are fused
-at load time (``wqkv``, ``w13``), one matmul each instead of three / two.
+Each family keeps the numerics of its reference (where a norm upcasts to fp32,
+which rotary layout it uses); the choice is an argument here, not a copy of
+the module.  The decoders themselves (Qwen2's, Moshi's temporal and depth
+transformers, Mimi's) live in their family folders.
 """
 
 from __future__ import annotations
+
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .config import DecoderConfig
-from .kv_cache import KVCache
-
 
 class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float):
+    """RMS norm over the last dim.
+
+    ``upcast`` says what runs in fp32 for a bf16/fp16 input, as each reference does it:
+    ``"norm"`` (Qwen2 / transformers): normalise in fp32, scale by the weight in the model dtype;
+    ``"all"`` (Moshi's ``rms_norm_f32``): normalise and scale in fp32, then cast;
+    ``"none"`` (Moshi's ``rms_norm``): everything in the model dtype.
+    fp32 inputs take no casts in any mode."""
+
+    def __init__(self, dim: int, eps: float, upcast: Literal["norm", "all", "none"] = "norm"):
         super().__init__()
+        if upcast not in ("norm", "all", "none"):
+            raise ValueError(f"RMSNorm upcast must be 'norm', 'all' or 'none', got {upcast!r}")
         self.weight = nn.Parameter(torch.ones(dim))
-        self.eps = eps
+        self.eps, self.upcast = eps, upcast
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # normalise in fp32, scale in the model dtype (as the reference); no casts in fp32
-        h = x if x.dtype == torch.float32 else x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True).add_(self.eps))
-        return self.weight * (h if x.dtype == torch.float32 else h.to(x.dtype))
-
-
-class MultimodalRotary(nn.Module):
-    """TMRoPE: rotary angles from three position axes (time, height, width).
-
-    The rotary frequencies are split into ``mrope_section`` groups and group i
-    takes its angle from axis i % 3.  For text and audio all three axes carry
-    the same (sequential) position, which makes this equal to plain RoPE; video
-    would give them different values.
-    """
-
-    def __init__(self, cfg: DecoderConfig):
-        super().__init__()
-        dim = cfg.head_dim
-        # Computed tables are made on the CPU explicitly, also when the module is
-        # built on the meta device for loading; the loader moves them.
-        cpu = torch.device("cpu")
-        inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float, device=cpu) / dim))
-        axis = torch.cat([torch.full((n,), i % 3, dtype=torch.long, device=cpu)
-                          for i, n in enumerate(cfg.mrope_section)])
-        self.register_buffer("inv_freq", inv_freq, persistent=False)
-        self.register_buffer("axis", axis, persistent=False)
-
-    def table(self, length: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin [length, head_dim] for positions 0..length-1 equal on all three axes (text and audio).
-
-        Kept and grown by doubling, so a decode step slices it instead of computing angles."""
-        cached = getattr(self, "_table", None)
-        if (cached is None or cached[0].shape[0] < length or cached[0].dtype != dtype
-                or cached[0].device != self.inv_freq.device):
-            n = max(length, 2 * cached[0].shape[0] if cached is not None else 256)
-            pos = torch.arange(n, device=self.inv_freq.device).unsqueeze(0).expand(3, -1)
-            self._table = self(pos, dtype)
-        return self._table
-
-    def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """positions: [3, T] long -> cos, sin: [T, head_dim]."""
-        freqs = positions[..., None].float() * self.inv_freq  # [3, T, D/2]
-        index = self.axis.view(1, 1, -1).expand(1, positions.shape[1], -1)
-        freqs = freqs.gather(0, index).squeeze(0)  # [T, D/2]
-        emb = torch.cat((freqs, freqs), dim=-1)
-        return emb.cos().to(dtype), emb.sin().to(dtype)
+        if self.upcast == "norm":
+            h = x if x.dtype == torch.float32 else x.float()
+            h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True).add_(self.eps))
+            return self.weight * (h if x.dtype == torch.float32 else h.to(x.dtype))
+        # One fused call and no no-op casts: a frame step on the CPU costs per op, not per flop.
+        if x.dtype == torch.float32 or self.upcast == "none":
+            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
+        return F.rms_norm(x.float(), self.weight.shape, self.weight.float(), self.eps).to(x.dtype)
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -84,128 +48,35 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """RoPE with the two halves of the last dim as (real, imaginary) (Qwen2, the DiT)."""
     return x * cos + _rotate_half(x) * sin
 
 
-class Attention(nn.Module):
-    def __init__(self, cfg: DecoderConfig, layer_idx: int):
-        super().__init__()
-        self.layer_idx = layer_idx
-        self.n_heads, self.n_kv, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        self.group = self.n_heads // self.n_kv
-        self.q_size = self.n_heads * self.head_dim
-        self.kv_size = self.n_kv * self.head_dim
-        self.wqkv = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=True)
-        self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=False)
-        self.scale = self.head_dim ** -0.5
+def rotate_interleaved(x: torch.Tensor, rotation: torch.Tensor) -> torch.Tensor:
+    """RoPE on interleaved (real, imaginary) pairs of the last dim, in fp32 as Moshi and Mimi do.
 
-    def forward(self, x, cos, sin, cache: KVCache, start: int, kv_len: int | None,
-                input_pos: torch.Tensor | None, mask: torch.Tensor | None) -> torch.Tensor:
-        _, t, _ = x.shape
-        qk, v = self.wqkv(x).split((self.q_size + self.kv_size, self.kv_size), dim=-1)
-        # q and k heads rotated in one go
-        qk = apply_rotary(qk.view(1, t, self.n_heads + self.n_kv, self.head_dim).transpose(1, 2), cos, sin)
-        q, k = qk[:, :self.n_heads], qk[:, self.n_heads:]
-        v = v.view(1, t, self.n_kv, self.head_dim).transpose(1, 2)
-        ck, cv = cache.k[self.layer_idx], cache.v[self.layer_idx]
-        if input_pos is None:
-            ck[:, :, start:start + t] = k
-            cv[:, :, start:start + t] = v
-            keys, values = ck[:, :, :kv_len], cv[:, :, :kv_len]
-        else:
-            ck.index_copy_(2, input_pos, k)
-            cv.index_copy_(2, input_pos, v)
-            keys, values = ck, cv
-        # Grouped-query attention without repeating K/V: the query heads that
-        # share a KV head become extra query rows of that head.
-        qg = q.reshape(1, self.n_kv, self.group * t, self.head_dim)
-        if mask is None and x.device.type == "cpu":
-            # A one-token decode step: plain matmul-softmax-matmul.  The fused CPU
-            # kernel costs ~1 ms of fixed overhead here, far more than the math.
-            scores = torch.matmul(qg, keys.transpose(-1, -2)) * self.scale
-            out = torch.matmul(scores.softmax(dim=-1, dtype=torch.float32).to(values.dtype), values)
-        else:
-            out = F.scaled_dot_product_attention(qg, keys, values, attn_mask=mask, scale=self.scale)
-        out = out.view(1, self.n_heads, t, self.head_dim).transpose(1, 2).reshape(1, t, self.q_size)
-        return self.o_proj(out)
+    ``rotation`` is the complex unit e^(i * angle) per pair [..., D / 2], broadcast against x:
+    one complex product instead of the dozen real ops it stands for."""
+    if x.dtype == torch.float32:
+        return torch.view_as_real(torch.view_as_complex(x.unflatten(-1, (-1, 2))) * rotation).flatten(-2)
+    pairs = torch.view_as_complex(x.float().unflatten(-1, (-1, 2)))
+    return torch.view_as_real(pairs * rotation).flatten(-2).to(x.dtype)
 
 
-class MLP(nn.Module):
-    def __init__(self, cfg: DecoderConfig):
-        super().__init__()
-        self.intermediate = cfg.intermediate_size
-        self.w13 = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+def attend_one(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor | None,
+               scale: float) -> torch.Tensor:
+    """One query per head: q [H, 1, D] over keys/values [H, N, D] -> [1, H * D].
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.w13(x).split(self.intermediate, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
-
-
-class DecoderLayer(nn.Module):
-    def __init__(self, cfg: DecoderConfig, layer_idx: int):
-        super().__init__()
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = Attention(cfg, layer_idx)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = MLP(cfg)
-
-    def forward(self, x, cos, sin, cache, start, kv_len, input_pos, mask):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache, start, kv_len, input_pos, mask)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    Plain bmm-softmax-bmm: for a single query the fused CPU kernel's fixed cost is larger
+    than the math (the same finding as the Qwen2 decoder's CPU decode step)."""
+    scores = torch.bmm(q, keys.transpose(1, 2)).mul_(scale)
+    if bias is not None:
+        scores.add_(bias)  # (baddbmm with a broadcast bias is several times slower on the CPU)
+    if scores.dtype == torch.float32:
+        probs = scores.softmax(dim=-1)
+    else:
+        probs = scores.float().softmax(dim=-1).to(values.dtype)
+    return torch.bmm(probs, values).reshape(1, -1)
 
 
-class Decoder(nn.Module):
-    """Layers + final norm of a Qwen2 decoder; embeddings and heads belong to the caller."""
-
-    def __init__(self, cfg: DecoderConfig):
-        super().__init__()
-        self.cfg = cfg
-        self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_layers))
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.rotary = MultimodalRotary(cfg)
-        self.group = cfg.num_heads // cfg.num_kv_heads
-
-    def new_cache(self, capacity: int, device=None, dtype=None) -> KVCache:
-        p = self.norm.weight
-        return KVCache(self.cfg.num_layers, self.cfg.num_kv_heads, self.cfg.head_dim, capacity,
-                       dtype=dtype or p.dtype, device=device or p.device)
-
-    def forward(self, x: torch.Tensor, cache: KVCache, rope_positions: torch.Tensor | None = None) -> torch.Tensor:
-        """Eager step: x [1, T, H] at cache positions [length, length+T); returns normed hidden [1, T, H].
-
-        ``rope_positions`` [3, T] overrides the rotary positions (TMRoPE for
-        video); by default they equal the cache positions on all three axes.
-        """
-        t = x.shape[1]
-        start = cache.reserve(t)
-        kv_len = start + t
-        mask = None
-        if t > 1:
-            pos = torch.arange(start, kv_len, device=x.device)
-            # causal inside the new chunk, everything before it visible
-            causal = torch.arange(kv_len, device=x.device)[None, :] <= pos[:, None]
-            mask = causal.repeat(self.group, 1)
-        if rope_positions is None:
-            cos, sin = self.rotary.table(kv_len, x.dtype)
-            cos, sin = cos[start:kv_len], sin[start:kv_len]
-        else:
-            cos, sin = self.rotary(rope_positions, x.dtype)
-        for layer in self.layers:
-            x = layer(x, cos, sin, cache, start, kv_len, None, mask)
-        cache.length = kv_len
-        return self.norm(x)
-
-    def forward_static(self, x: torch.Tensor, cache: KVCache, input_pos: torch.Tensor,
-                       rope_positions: torch.Tensor | None = None) -> torch.Tensor:
-        """Static-shape step: x [1, T, H] written at ``input_pos`` [T]; ``cache.length`` is left to the caller."""
-        valid = torch.arange(cache.capacity, device=x.device)[None, :] <= input_pos[:, None]
-        mask = valid.repeat(self.group, 1)
-        if rope_positions is None:
-            cos, sin = self.rotary.table(cache.capacity, x.dtype)
-            cos, sin = cos.index_select(0, input_pos), sin.index_select(0, input_pos)
-        else:
-            cos, sin = self.rotary(rope_positions, x.dtype)
-        for layer in self.layers:
-            x = layer(x, cos, sin, cache, 0, None, input_pos, mask)
-        return self.norm(x)
+__all__ = ["RMSNorm", "apply_rotary", "attend_one", "rotate_interleaved"]

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from ..config import ConfigError
+from ..checkpoint import ConfigError
 
 MODEL_TYPE = "moshi"
 # File names in the published repos (kyutai/moshiko-pytorch-bf16, moshika-...).

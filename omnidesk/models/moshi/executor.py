@@ -33,8 +33,7 @@ import torch
 
 from ...engine.duplex import DuplexExecutor, DuplexStep
 from ...engine.executor import stage
-from ..config import ConfigError
-from ..loading import CheckpointError, ModelTooLargeError
+from ..checkpoint import CheckpointError, ConfigError, ModelTooLargeError
 from .config import MoshiConfig, MoshiSampling
 from .lm import DEFAULT_DEVICE_DTYPE, MoshiLM, MoshiLMGen, load_moshi_lm, weight_map
 from .mimi import MIMI, Mimi, MimiConfig, load_mimi

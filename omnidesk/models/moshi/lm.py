@@ -22,57 +22,18 @@ tensors become slices of one parameter); :func:`load_moshi_lm` loads them.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..loading import CheckpointError, read_safetensors_header
+from ..checkpoint import (DEFAULT_DEVICE_DTYPE, CheckpointError, MappingReport, Target, copy_tensors,
+                          header_tensors, match_tensors, materialize, read_safetensors_header)
+from ..kv_cache import RingKVCache
+from ..layers import RMSNorm, attend_one, rotate_interleaved
 from .config import MoshiConfig, MoshiSampling
-
-
-class RMSNorm(nn.Module):
-    """RMS norm whose scale is computed in fp32 (``rms_norm_f32``) or in the model dtype (``rms_norm``)."""
-
-    def __init__(self, dim: int, eps: float, fp32: bool):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim))
-        self.eps, self.fp32 = eps, fp32
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # One fused call and no no-op casts: a frame step on the CPU costs per op, not per flop.
-        if x.dtype == torch.float32 or not self.fp32:
-            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
-        return F.rms_norm(x.float(), self.weight.shape, self.weight.float(), self.eps).to(x.dtype)
-
-
-def rotate_interleaved(x: torch.Tensor, rotation: torch.Tensor) -> torch.Tensor:
-    """RoPE on interleaved (real, imaginary) pairs of the last dim, in fp32 as the reference.
-
-    ``rotation`` is the complex unit e^(i * angle) per pair [D / 2]: one complex
-    product instead of the dozen real ops it stands for."""
-    if x.dtype == torch.float32:
-        return torch.view_as_real(torch.view_as_complex(x.unflatten(-1, (-1, 2))) * rotation).flatten(-2)
-    pairs = torch.view_as_complex(x.float().unflatten(-1, (-1, 2)))
-    return torch.view_as_real(pairs * rotation).flatten(-2).to(x.dtype)
-
-
-def _attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor | None,
-            scale: float) -> torch.Tensor:
-    """One query per head: q [H, 1, D] over keys/values [H, N, D] -> [1, H * D].
-
-    Plain bmm-softmax-bmm: for a single query the fused CPU kernel's fixed cost
-    is larger than the math (same finding as layers.Attention)."""
-    scores = torch.bmm(q, keys.transpose(1, 2)).mul_(scale)
-    if bias is not None:
-        scores.add_(bias)  # (baddbmm with a broadcast bias is several times slower on the CPU)
-    if scores.dtype == torch.float32:
-        probs = scores.softmax(dim=-1)
-    else:
-        probs = scores.float().softmax(dim=-1).to(values.dtype)
-    return torch.bmm(probs, values).reshape(1, -1)
 
 
 def _gated_silu(h: torch.Tensor) -> torch.Tensor:
@@ -81,46 +42,6 @@ def _gated_silu(h: torch.Tensor) -> torch.Tensor:
 
 
 # ---------------------------------------------------------------- caches
-
-class RingKVCache:
-    """Keys and values of the last ``capacity`` frames of every temporal layer.
-
-    Frame ``pos`` is written in place at slot ``pos % capacity``; ``pos`` keeps
-    growing past the capacity (RoPE angles use it), so the oldest frame is
-    overwritten once the ring is full.  Keys are rotated before they are
-    stored, which makes the slot order irrelevant to attention: a step attends
-    to every written slot through an additive bias (0 or -inf) of fixed shape.
-    ``pos`` is a device tensor so the step has no host value in it.
-    """
-
-    def __init__(self, num_layers: int, num_heads: int, head_dim: int, capacity: int,
-                 dtype: torch.dtype, device: torch.device | str):
-        shape = (num_layers, num_heads, capacity, head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
-        self.capacity = capacity
-        self.pos = torch.zeros(1, dtype=torch.long, device=device)
-        self.slot = torch.zeros(1, dtype=torch.long, device=device)
-        self.bias = torch.zeros(capacity, dtype=dtype, device=device)
-        self._slots = torch.arange(capacity, device=device)
-
-    def prepare(self) -> None:
-        """Slot and attention bias of the frame at ``pos`` (written before it attends)."""
-        torch.remainder(self.pos, self.capacity, out=self.slot)
-        # slots above pos are unwritten only while the ring is not yet full
-        self.bias.zero_().masked_fill_(self._slots > self.pos, float("-inf"))
-
-    def advance(self) -> None:
-        self.pos += 1
-
-    def reset(self) -> None:
-        """Forget everything (a pointer move: stale slots are masked until rewritten)."""
-        self.pos.zero_()
-
-    @property
-    def nbytes(self) -> int:
-        return 2 * self.k.numel() * self.k.element_size()
-
 
 class DepformerCache:
     """Keys and values of the depformer's steps inside one frame ([layers, k|v, heads, dep_q, head_dim]).
@@ -138,13 +59,13 @@ class TemporalLayer(nn.Module):
     def __init__(self, cfg: MoshiConfig):
         super().__init__()
         d, hidden = cfg.dim, cfg.ffn_hidden
-        fp32 = cfg.norm == "rms_norm_f32"
+        norm_upcast = "all" if cfg.norm == "rms_norm_f32" else "none"
         self.num_heads, self.head_dim = cfg.num_heads, cfg.head_dim
         self.scale = self.head_dim ** -0.5
-        self.attn_norm = RMSNorm(d, cfg.norm_eps, fp32)
+        self.attn_norm = RMSNorm(d, cfg.norm_eps, norm_upcast)
         self.wqkv = nn.Linear(d, 3 * d, bias=False)  # the checkpoint's fused in_proj_weight
         self.wo = nn.Linear(d, d, bias=False)
-        self.ffn_norm = RMSNorm(d, cfg.norm_eps, fp32)
+        self.ffn_norm = RMSNorm(d, cfg.norm_eps, norm_upcast)
         self.w13 = nn.Linear(d, 2 * hidden, bias=False)  # gate | up
         self.w2 = nn.Linear(hidden, d, bias=False)
 
@@ -154,7 +75,7 @@ class TemporalLayer(nn.Module):
         keys, values = cache.k[layer], cache.v[layer]
         keys.index_copy_(1, cache.slot, qk[1].unsqueeze(1))
         values.index_copy_(1, cache.slot, qkv[2].unsqueeze(1))
-        x = x + self.wo(_attend(qk[0].unsqueeze(1), keys, values, cache.bias, self.scale))
+        x = x + self.wo(attend_one(qk[0].unsqueeze(1), keys, values, cache.bias, self.scale))
         return x + self.w2(_gated_silu(self.w13(self.ffn_norm(x))))
 
 
@@ -188,13 +109,13 @@ class DepformerLayer(nn.Module):
     def __init__(self, cfg: MoshiConfig):
         super().__init__()
         d, hidden, sets = cfg.depformer_dim, cfg.depformer_ffn_hidden, cfg.dep_q
-        fp32 = cfg.norm == "rms_norm_f32"
+        norm_upcast = "all" if cfg.norm == "rms_norm_f32" else "none"
         self.num_heads, self.head_dim = cfg.depformer_num_heads, cfg.depformer_head_dim
         self.scale = self.head_dim ** -0.5
-        self.attn_norm = RMSNorm(d, cfg.norm_eps, fp32)
+        self.attn_norm = RMSNorm(d, cfg.norm_eps, norm_upcast)
         self.wqkv = nn.Parameter(torch.empty(sets, 3 * d, d))
         self.wo = nn.Parameter(torch.empty(sets, d, d))
-        self.ffn_norm = RMSNorm(d, cfg.norm_eps, fp32)
+        self.ffn_norm = RMSNorm(d, cfg.norm_eps, norm_upcast)
         self.w13 = nn.Parameter(torch.empty(sets, 2 * hidden, d))
         self.w2 = nn.Parameter(torch.empty(sets, d, hidden))
 
@@ -204,7 +125,7 @@ class DepformerLayer(nn.Module):
         kv[:, :, step:step + 1] = qkv[1:]  # k and v in one copy
         # no positional embedding: step order is known from the per-step weights
         seen = kv[:, :, :step + 1]
-        x = x + F.linear(_attend(qkv[0], seen[0], seen[1], None, self.scale), self.wo[step])
+        x = x + F.linear(attend_one(qkv[0], seen[0], seen[1], None, self.scale), self.wo[step])
         return x + F.linear(_gated_silu(F.linear(self.ffn_norm(x), self.w13[step])), self.w2[step])
 
 
@@ -252,7 +173,7 @@ class MoshiLM(nn.Module):
         # one table per input codebook, stacked so a frame's n_q lookups are one gather
         self.audio_emb = nn.Parameter(torch.empty(cfg.n_q, cfg.card + 1, cfg.dim))
         self.temporal = TemporalTransformer(cfg)
-        self.out_norm = RMSNorm(cfg.dim, cfg.norm_eps, cfg.norm == "rms_norm_f32")
+        self.out_norm = RMSNorm(cfg.dim, cfg.norm_eps, "all" if cfg.norm == "rms_norm_f32" else "none")
         self.text_head = nn.Linear(cfg.dim, cfg.text_card, bias=False)
         self.depformer = Depformer(cfg)
         offsets = torch.arange(cfg.n_q, device="cpu") * (cfg.card + 1)
@@ -314,7 +235,10 @@ class TokenSampler:
             ids = None
         probs = (logits / self.temperature).softmax(-1)
         if self._noise is None or self._noise.shape != probs.shape:
-            self._noise = torch.empty_like(probs)
+            # a normal tensor even when the first step runs under inference_mode: a later step outside
+            # it may not write an inference tensor in place
+            with torch.inference_mode(False):
+                self._noise = torch.empty(probs.shape, dtype=probs.dtype, device=probs.device)
         pick = (probs / self._noise.exponential_(generator=self.generator)).argmax(-1, keepdim=True)
         return pick if ids is None else ids.gather(-1, pick)
 
@@ -433,16 +357,6 @@ class MoshiLMGen:
 
 # ---------------------------------------------------------------- weights
 
-@dataclass(frozen=True)
-class Target:
-    """Where one checkpoint tensor goes: our parameter, the slice of it (a stacked per-codebook /
-    per-step parameter) or None (the whole), and the checkpoint tensor's shape."""
-
-    param: str
-    shape: tuple[int, ...]
-    index: int | None = None
-
-
 def weight_map(cfg: MoshiConfig) -> dict[str, Target]:
     """Checkpoint tensor name (published ``model.safetensors``) -> destination, for every tensor."""
     d, dd, h, hd = cfg.dim, cfg.depformer_dim, cfg.ffn_hidden, cfg.depformer_ffn_hidden
@@ -454,7 +368,7 @@ def weight_map(cfg: MoshiConfig) -> dict[str, Target]:
         "depformer_text_emb.weight": Target("depformer.text_emb.weight", (cfg.text_card + 1, dd)),
     }
     for k in range(cfg.n_q):
-        out[f"emb.{k}.weight"] = Target("audio_emb", (cfg.card + 1, d), k)
+        out[f"emb.{k}.weight"] = Target("audio_emb", (cfg.card + 1, d), index=k)
     for i in range(cfg.num_layers):
         c, o = f"transformer.layers.{i}", f"temporal.layers.{i}"
         out[f"{c}.self_attn.in_proj_weight"] = Target(f"{o}.wqkv.weight", (3 * d, d))
@@ -464,9 +378,9 @@ def weight_map(cfg: MoshiConfig) -> dict[str, Target]:
         out[f"{c}.gating.linear_in.weight"] = Target(f"{o}.w13.weight", (2 * h, d))
         out[f"{c}.gating.linear_out.weight"] = Target(f"{o}.w2.weight", (d, h))
     for k in range(cfg.depformer_in_count):
-        out[f"depformer_in.{k}.weight"] = Target("depformer.input_proj", (dd, d), k)
+        out[f"depformer_in.{k}.weight"] = Target("depformer.input_proj", (dd, d), index=k)
     for k in range(cfg.dep_q - 1):
-        out[f"depformer_emb.{k}.weight"] = Target("depformer.audio_emb", (cfg.card + 1, dd), k)
+        out[f"depformer_emb.{k}.weight"] = Target("depformer.audio_emb", (cfg.card + 1, dd), index=k)
     for i in range(cfg.depformer_num_layers):
         c = o = f"depformer.layers.{i}"
         # attention projections of all steps are stored stacked along the rows
@@ -476,77 +390,16 @@ def weight_map(cfg: MoshiConfig) -> dict[str, Target]:
         out[f"{c}.norm2.alpha"] = Target(f"{o}.ffn_norm.weight", (1, 1, dd))
         # ... and the gated FFNs as one module per step
         for s in range(sets):
-            out[f"{c}.gating.{s}.linear_in.weight"] = Target(f"{o}.w13", (2 * hd, dd), s)
-            out[f"{c}.gating.{s}.linear_out.weight"] = Target(f"{o}.w2", (dd, hd), s)
+            out[f"{c}.gating.{s}.linear_in.weight"] = Target(f"{o}.w13", (2 * hd, dd), index=s)
+            out[f"{c}.gating.{s}.linear_out.weight"] = Target(f"{o}.w2", (dd, hd), index=s)
     for k in range(cfg.dep_q):
-        out[f"linears.{k}.weight"] = Target("depformer.heads", (cfg.card, dd), k)
+        out[f"linears.{k}.weight"] = Target("depformer.heads", (cfg.card, dd), index=k)
     return out
 
 
-_FLOAT_DTYPES = {"F64", "F32", "F16", "BF16"}
-
-
-@dataclass
-class LMMappingReport:
-    """How a checkpoint's tensors line up with our modules."""
-
-    loaded: list[str] = field(default_factory=list)
-    missing: list[str] = field(default_factory=list)
-    unexpected: list[str] = field(default_factory=list)
-    mismatched: list[tuple[str, tuple, tuple]] = field(default_factory=list)  # name, expected, found
-    bad_dtype: list[tuple[str, str]] = field(default_factory=list)
-
-    @property
-    def ok(self) -> bool:
-        return not (self.missing or self.unexpected or self.mismatched or self.bad_dtype)
-
-    def error(self, where: str) -> str:
-        def listing(names, n=12):
-            return ", ".join(names[:n]) + (f" (and {len(names) - n} more)" if len(names) > n else "")
-
-        parts = [f"tensor '{n}' has shape {list(found)}, expected {list(exp)}"
-                 for n, exp, found in self.mismatched[:12]]
-        if len(self.mismatched) > 12:
-            parts.append(f"(and {len(self.mismatched) - 12} more shape mismatches)")
-        parts += [f"tensor '{n}' has dtype {dt}, expected a float type" for n, dt in self.bad_dtype[:12]]
-        if self.missing:
-            parts.append(f"missing weights: {listing(self.missing)}")
-        if self.unexpected:
-            parts.append(f"unexpected weights: {listing(self.unexpected)}")
-        return f"{where}: " + "; ".join(parts)
-
-
-def check_mapping(cfg: MoshiConfig, header: dict[str, dict]) -> LMMappingReport:
+def check_mapping(cfg: MoshiConfig, header: dict[str, dict]) -> MappingReport:
     """Compare a safetensors header (name -> {dtype, shape}) with what our modules expect."""
-    wmap = weight_map(cfg)
-    report = LMMappingReport()
-    for name, info in header.items():
-        target = wmap.get(name)
-        if target is None:
-            report.unexpected.append(name)
-        elif tuple(info["shape"]) != target.shape:
-            report.mismatched.append((name, target.shape, tuple(info["shape"])))
-        elif info.get("dtype", "F32") not in _FLOAT_DTYPES:
-            report.bad_dtype.append((name, info.get("dtype")))
-        else:
-            report.loaded.append(name)
-    report.missing = [n for n in wmap if n not in header]
-    return report
-
-
-def _materialize(model: nn.Module, device: torch.device, dtype: torch.dtype) -> None:
-    """Real (uninitialised) storage for meta parameters; computed buffers move to the device as they are."""
-    for module in model.modules():
-        for name, p in list(module._parameters.items()):
-            if p is not None:
-                module._parameters[name] = nn.Parameter(torch.empty(p.shape, device=device, dtype=dtype),
-                                                        requires_grad=False)
-        for name, b in list(module._buffers.items()):
-            if b is not None:
-                module._buffers[name] = b.to(device)
-
-
-DEFAULT_DEVICE_DTYPE = {"cpu": torch.float32, "cuda": torch.bfloat16}
+    return match_tensors(weight_map(cfg), header_tensors(header))
 
 
 def load_moshi_lm(path: str | Path, config: MoshiConfig, device: str | torch.device = "cpu",
@@ -569,24 +422,11 @@ def load_moshi_lm(path: str | Path, config: MoshiConfig, device: str | torch.dev
         raise CheckpointError(report.error(str(path)))
     with torch.device("meta"):
         lm = MoshiLM(config)
-    _materialize(lm, device, dtype)
-    params = dict(lm.named_parameters())
-    wmap = weight_map(config)
-
-    from safetensors import safe_open
-
-    try:
-        with torch.no_grad(), safe_open(str(path), framework="pt", device="cpu") as st:
-            for name in report.loaded:
-                target = wmap[name]
-                dest = params[target.param]
-                if target.index is not None:
-                    dest = dest[target.index]
-                dest.copy_(st.get_tensor(name).view(dest.shape))
-    except Exception as e:  # safetensors raises its own error types for damaged files
-        raise CheckpointError(f"{path}: cannot read tensors ({type(e).__name__}: {e})") from None
+    materialize(lm, device, dtype)
+    copy_tensors({name: path for name in report.loaded}, report.loaded, weight_map(config),
+                 dict(lm.named_parameters()))
     return lm.eval()
 
 
-__all__ = ["DepformerCache", "LMMappingReport", "MoshiFrame", "MoshiLM", "MoshiLMGen", "RingKVCache", "Target",
-           "TokenSampler", "check_mapping", "load_moshi_lm", "weight_map"]
+__all__ = ["DepformerCache", "MoshiFrame", "MoshiLM", "MoshiLMGen", "TokenSampler", "check_mapping", "load_moshi_lm",
+           "weight_map"]

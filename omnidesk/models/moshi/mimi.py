@@ -27,14 +27,15 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..config import ConfigError
-from ..loading import CheckpointError, MappingReport, read_safetensors_header
+from ..checkpoint import (CheckpointError, ConfigError, MappingReport, Target, copy_tensors, header_tensors,
+                          match_tensors, read_safetensors_header)
+from ..layers import rotate_interleaved
 from .quantizer import Codebook, QuantizerConfig, SplitResidualVQ
 from .seanet import CausalConv1d, CausalConvTranspose1d, SEANetConfig, SEANetDecoder, SEANetEncoder, reset_streaming
 
@@ -260,13 +261,6 @@ PRESETS = {"mimi": MIMI, "demo": DEMO}
 
 # ---------------------------------------------------------------- transformer
 
-def _rotate(x: torch.Tensor, rotation: torch.Tensor) -> torch.Tensor:
-    """RoPE on interleaved (real, imaginary) pairs, in fp32: x [B, H, T, D] times the unit
-    complex numbers rotation [T, D/2]."""
-    pairs = torch.view_as_complex(x.float().unflatten(-1, (-1, 2)))
-    return torch.view_as_real(pairs * rotation).flatten(-2).to(x.dtype)
-
-
 class TransformerLayer(nn.Module):
     """Pre-norm layer: x + scale * attn(norm(x)), then x + scale * ffn(norm(x)); GELU FFN, no biases."""
 
@@ -296,7 +290,7 @@ class TransformerLayer(nn.Module):
                 slots: torch.Tensor) -> torch.Tensor:
         b, t, d = x.shape
         q, k, v = self.wqkv(self.attn_norm(x)).view(b, t, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
-        q, k = _rotate(q, rotation), _rotate(k, rotation)
+        q, k = rotate_interleaved(q, rotation), rotate_interleaved(k, rotation)
         keys = torch.cat([self.k_ring, k], dim=2)
         values = torch.cat([self.v_ring, v], dim=2)
         keep = slots.shape[0]  # the newest steps, at most the ring's capacity
@@ -482,13 +476,6 @@ class Mimi(nn.Module):
 
 # ---------------------------------------------------------------- weights
 
-class Slot(NamedTuple):
-    """Where one checkpoint tensor goes: our state-dict entry and its shape."""
-
-    param: str
-    shape: tuple[int, ...]
-
-
 # Checkpoint tensors recognised but not loaded, by name suffix, with the reason (for `models verify`).
 UNUSED_SUFFIXES = {"._codebook._initialized": "codebook k-means initialisation flag (training only)"}
 
@@ -567,43 +554,25 @@ def _checkpoint_names(cfg: MimiConfig) -> tuple[dict[str, str], dict[str, str]]:
     return names, aliases
 
 
-def weight_map(cfg: MimiConfig, model: Mimi | None = None) -> dict[str, Slot]:
+def weight_map(cfg: MimiConfig, model: Mimi | None = None) -> dict[str, Target]:
     """Checkpoint tensor name -> destination, for every tensor we load (canonical published names)."""
     if model is None:
         with torch.device("meta"):
             model = Mimi(cfg)
     ours = model.state_dict()
     names, _ = _checkpoint_names(cfg)
-    return {ckpt: Slot(param, tuple(ours[param].shape)) for ckpt, param in names.items()}
+    return {ckpt: Target(param, tuple(ours[param].shape)) for ckpt, param in names.items()}
 
 
-def check_mimi_tensors(cfg: MimiConfig, shapes: dict[str, tuple[int, ...]],
+def _unused(name: str) -> str | None:
+    return next((r for suffix, r in UNUSED_SUFFIXES.items() if name.endswith(suffix)), None)
+
+
+def check_mimi_tensors(cfg: MimiConfig, found: dict[str, tuple[tuple[int, ...], str | None]],
                        model: Mimi | None = None) -> MappingReport:
-    """Compare a checkpoint's tensor names/shapes with what our modules expect."""
-    wmap = weight_map(cfg, model)
+    """Compare a checkpoint's tensors (name -> (shape, safetensors dtype or None)) with what our modules expect."""
     _, aliases = _checkpoint_names(cfg)
-    report = MappingReport()
-    for name, shape in shapes.items():
-        canonical = aliases.get(name, name)
-        if canonical in wmap:
-            if canonical != name and canonical in shapes:  # both spellings: two sources for one weight
-                report.unexpected.append(name)
-            elif tuple(shape) != wmap[canonical].shape:
-                report.mismatched.append((name, wmap[canonical].shape, tuple(shape)))
-            else:
-                report.loaded.append(name)
-            continue
-        reason = next((r for suffix, r in UNUSED_SUFFIXES.items() if name.endswith(suffix)), None)
-        if reason is None:
-            report.unexpected.append(name)
-        else:
-            report.unused.setdefault(reason, []).append(name)
-    by_alias = {c: a for a, c in aliases.items()}
-    report.missing = [n for n in wmap if n not in shapes and by_alias.get(n) not in shapes]
-    return report
-
-
-_FLOAT_DTYPES = {"F64", "F32", "F16", "BF16"}
+    return match_tensors(weight_map(cfg, model), found, _unused, aliases)
 
 
 def load_mimi(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
@@ -625,25 +594,14 @@ def load_mimi(path: str | Path, device: str | torch.device = "cpu", dtype: torch
     header = read_safetensors_header(path)
     with torch.device("meta"):
         model = Mimi(cfg)
-    report = check_mimi_tensors(cfg, {n: tuple(info["shape"]) for n, info in header.items()}, model)
+    report = check_mimi_tensors(cfg, header_tensors(header), model)
     if not report.ok:
         raise CheckpointError(report.error(str(path)))
-    for name in report.loaded:
-        if header[name].get("dtype") not in _FLOAT_DTYPES:
-            raise CheckpointError(f"{path}: tensor '{name}' has dtype {header[name].get('dtype')}, expected a float")
     model = model.to(dtype).to_empty(device=torch.device(device))
-    ours = model.state_dict(keep_vars=True)
-    names, aliases = _checkpoint_names(cfg)
-
-    from safetensors import safe_open
-
+    _, aliases = _checkpoint_names(cfg)
+    copy_tensors({name: path for name in report.loaded}, report.loaded, weight_map(cfg, model),
+                 model.state_dict(keep_vars=True), aliases)
     with torch.no_grad():
-        try:
-            with safe_open(str(path), framework="pt", device="cpu") as st:
-                for name in report.loaded:
-                    ours[names[aliases.get(name, name)]].copy_(st.get_tensor(name))
-        except Exception as e:  # safetensors raises its own error types for damaged files
-            raise CheckpointError(f"{path}: cannot read tensors ({type(e).__name__}: {e})") from None
         model.quantizer.refresh()
         model.reset()
     model.requires_grad_(False)
@@ -701,5 +659,5 @@ def init_random_(model: Mimi, generator: torch.Generator | None = None) -> Mimi:
 
 
 __all__ = ["DEMO", "MIMI", "MIMI_NAME", "PRESETS", "Mimi", "MimiConfig", "MimiTransformerConfig", "QuantizerConfig",
-           "SEANetConfig", "Slot", "UNUSED_SUFFIXES", "check_mimi_tensors", "checkpoint_state_dict", "init_random_",
+           "SEANetConfig", "UNUSED_SUFFIXES", "check_mimi_tensors", "checkpoint_state_dict", "init_random_",
            "load_mimi", "weight_map"]

@@ -16,7 +16,7 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
-from ..loading import CheckpointError
+from ..checkpoint import CheckpointError
 
 # The special ids of the published model (<unk> 0, <s> 1, </s> 2, <pad> 3): the demo uses the same.
 SPECIAL_IDS = dict(unk_id=0, bos_id=1, eos_id=2, pad_id=3)

@@ -42,6 +42,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..checkpoint import ConfigError
+
 __all__ = ["FeatureConfig", "FeatureConfigError", "log_mel", "utterance_floor", "num_frames", "mel_filter_bank"]
 
 LOG_CLAMP = 1e-10
@@ -50,7 +52,7 @@ MEL_FMIN = 0.0
 MEL_FMAX = 8000.0  # fixed in Whisper, not sampling_rate / 2
 
 
-class FeatureConfigError(ValueError):
+class FeatureConfigError(ConfigError):
     """preprocessor_config.json is missing or has an unusable field; the message names the file and field."""
 
 

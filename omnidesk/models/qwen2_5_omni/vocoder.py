@@ -33,7 +33,7 @@ import torch
 from torch import nn
 
 from .bigvgan import BigVGAN, BigVGANConfig
-from .config import ConfigError
+from ..checkpoint import ConfigError
 from .dit import DEFAULT_GUIDANCE_SCALE, DEFAULT_NUM_STEPS, DEFAULT_SWAY_COEFFICIENT, DiT, DiTConfig
 
 # Multiplier that spreads block seeds apart (any large odd constant works).

@@ -25,6 +25,8 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
+from ..checkpoint import CheckpointError
+
 TOKENIZER_FILE = "tokenizer.json"
 TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
 CHAT_TEMPLATE_FILE = "chat_template.json"
@@ -61,7 +63,7 @@ DEFAULT_SYSTEM_PROMPT = "You are a helpful assistant."
 MODEL_MAX_LENGTH = 32768
 
 
-class TokenizerError(ValueError):
+class TokenizerError(CheckpointError):
     """A tokenizer file is missing, unreadable or inconsistent; the message names the file."""
 
 

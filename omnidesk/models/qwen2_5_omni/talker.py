@@ -20,8 +20,8 @@ import torch
 from torch import nn
 
 from .config import TalkerConfig
-from .kv_cache import KVCache
-from .layers import Decoder
+from ..kv_cache import KVCache
+from .decoder import Decoder
 
 
 class Talker(nn.Module):

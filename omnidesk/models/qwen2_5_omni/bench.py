@@ -28,13 +28,12 @@ import time
 import numpy as np
 import torch
 
-from omnidesk.models.loading import OmniStack
-from omnidesk.models.sampling import SamplingParams
-
-from .engine import EngineConfig
-from .executors.qwen2_5_omni import QwenOmniExecutor
-from .talk import Script, run_script
-from .timeline import Timeline
+from ...engine.engine import EngineConfig
+from ...engine.talk import Script, run_script
+from ...engine.timeline import Timeline
+from ..sampling import SamplingParams
+from .executor import QwenOmniExecutor
+from .loading import OmniStack
 
 UTTERANCE_S = 2.0
 
@@ -147,8 +146,8 @@ def transformers_side(stack: OmniStack, audio: np.ndarray, max_text: int, max_co
         from transformers import Qwen2_5OmniForConditionalGeneration
     except ImportError:
         return {"skipped": "transformers is not installed (pip install -e '.[test]')"}
-    from omnidesk.models.features import log_mel
-    from omnidesk.models.reply import audio_prompt
+    from omnidesk.models.qwen2_5_omni.features import log_mel
+    from omnidesk.models.qwen2_5_omni.reply import audio_prompt
 
     ref = Qwen2_5OmniForConditionalGeneration.from_pretrained(str(stack.path), dtype=torch.float32).eval()
     wave = torch.from_numpy(audio)

@@ -2,7 +2,7 @@
 reference's decoding defaults and stop ids, and the prompt of one utterance.
 
 The turn itself runs in the engine's executor (omnidesk/engine/executors);
-``omnidesk.engine.offline.generate_reply`` drives it start to finish.
+``omnidesk.models.qwen2_5_omni.offline.generate_reply`` drives it start to finish.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import torch
 
 from .features import log_mel
 from .loading import OmniStack
-from .sampling import SamplingParams
+from ..sampling import SamplingParams
 
 # The system prompt the reference requires for speech output (FACTS.md).
 SPEECH_SYSTEM_PROMPT = ("You are Qwen, a virtual human developed by the Qwen Team, Alibaba Group, capable of "

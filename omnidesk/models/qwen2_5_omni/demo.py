@@ -17,10 +17,10 @@ from pathlib import Path
 
 import torch
 
-from .cache_dir import user_cache_dir, write_checkpoint_dir
+from ..cache_dir import user_cache_dir, write_checkpoint_dir
 from .config import OmniConfig
 from .loading import OmniModel, VoiceDims, voice_from_entry, weight_map
-from .random_init import init_module_
+from ..random_init import init_module_
 from .tokenizer import SPECIAL_TOKENS, write_tokenizer_files
 
 DEMO_NOTICE = ("Demo model: tiny and untrained (random weights) - its replies are noise, not speech. "

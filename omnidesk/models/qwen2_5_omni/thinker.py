@@ -13,8 +13,8 @@ from torch import nn
 
 from .audio_encoder import AudioEncoder
 from .config import ThinkerConfig
-from .kv_cache import KVCache
-from .layers import Decoder
+from ..kv_cache import KVCache
+from .decoder import Decoder
 
 
 class Thinker(nn.Module):

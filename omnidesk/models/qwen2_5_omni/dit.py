@@ -37,8 +37,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .config import ConfigError
-from .layers import apply_rotary
+from ..checkpoint import ConfigError
+from ..layers import apply_rotary
 
 __all__ = ["DiTConfig", "DiT", "DEFAULT_NUM_STEPS", "DEFAULT_GUIDANCE_SCALE", "DEFAULT_SWAY_COEFFICIENT"]
 

@@ -11,12 +11,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from omnidesk.models.loading import OmniStack
-from omnidesk.models.reply import SPEECH_SYSTEM_PROMPT
-from omnidesk.models.sampling import SamplingParams
-
-from .executor import stage
-from .executors.qwen2_5_omni import QwenOmniExecutor
+from ...engine.executor import stage
+from ..sampling import SamplingParams
+from .executor import QwenOmniExecutor
+from .loading import OmniStack
+from .reply import SPEECH_SYSTEM_PROMPT
 
 
 @dataclass

@@ -13,11 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..checkpoint import ConfigError
+
 MODEL_TYPE = "qwen2_5_omni"
-
-
-class ConfigError(ValueError):
-    """config.json is not a usable Qwen2.5-Omni config; the message names the field."""
 
 
 def _get(d: dict, key: str, where: str, default: Any = ...):

@@ -34,16 +34,15 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from omnidesk.models.features import log_mel
-from omnidesk.models.kv_cache import CacheFullError
-from omnidesk.models.loading import OmniStack
-from omnidesk.models.reply import SPEECH_SYSTEM_PROMPT, talker_defaults, thinker_stop_ids
-from omnidesk.models.sampling import Sampler, SamplingParams
-from omnidesk.models.talker import ReplyFeed
-from omnidesk.models.tokenizer import SPECIAL_TOKENS
-from omnidesk.models.vocoder import StreamingPlan
-
-from ..executor import Executor, Rollback, stage
+from ...engine.executor import Executor, Rollback, stage
+from ..kv_cache import CacheFullError
+from ..sampling import Sampler, SamplingParams
+from .features import log_mel
+from .loading import OmniStack
+from .reply import SPEECH_SYSTEM_PROMPT, talker_defaults, thinker_stop_ids
+from .talker import ReplyFeed
+from .tokenizer import SPECIAL_TOKENS
+from .vocoder import StreamingPlan
 
 # Marks where an assistant reply's text sits when the chat template is rendered to find the
 # text between turns; never tokenized.
@@ -633,7 +632,7 @@ def executor_for(stack: OmniStack, greedy: bool = False, max_text_tokens: int | 
 
     The demo model rarely says "stop" (it is untrained), so its replies are capped
     at about 6 s unless the caller sets limits."""
-    from omnidesk.models.demo import is_demo
+    from .demo import is_demo
 
     limits: dict[str, int] = {}
     if is_demo(stack.config.raw):

@@ -40,7 +40,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from omnidesk.models.config import ConfigError
+from ..checkpoint import ConfigError
 
 __all__ = ["BigVGANConfig", "BigVGAN", "kaiser_sinc_filter"]
 

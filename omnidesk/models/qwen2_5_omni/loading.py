@@ -1,5 +1,7 @@
 """Load a Qwen2.5-Omni checkpoint directory (or a repo id in the local HF cache).
 
+Shared file handling (HF cache, safetensors, name mapping) is in :mod:`omnidesk.models.checkpoint`.
+
 The checkpoint is read as users download it: config.json, (sharded)
 safetensors + index, spk_dict.pt, tokenizer files, preprocessor_config.json.
 Nothing touches the network.  Checkpoint names are mapped onto our modules by
@@ -13,27 +15,21 @@ from __future__ import annotations
 
 import json
 import os
-import struct
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from .config import ConfigError, DecoderConfig, OmniConfig
+from ..checkpoint import (DEFAULT_DEVICE_DTYPE, CheckpointError, ConfigError, MappingReport, ModelTooLargeError,
+                          Target, copy_tensors, match_tensors, materialize, read_safetensors_header, require_file,
+                          resolve_checkpoint, weight_files)
+from .config import DecoderConfig, OmniConfig
 from .features import FeatureConfig
 from .talker import Talker
 from .thinker import Thinker
 from .tokenizer import Tokenizer
 from .vocoder import Token2Wav
-
-
-class CheckpointError(ValueError):
-    """The checkpoint cannot be used; the message says which file / tensor and why."""
-
-
-class ModelTooLargeError(CheckpointError):
-    """The model would not fit the device's free memory (checked before loading anything)."""
 
 
 # Checkpoint prefixes we recognise but do not load, with the reason (shown by `models verify`).
@@ -60,15 +56,6 @@ class OmniModel(nn.Module):
         self.vocoder = Token2Wav(cfg.token2wav) if cfg.talker is not None else None
 
 
-@dataclass(frozen=True)
-class Target:
-    """Where one checkpoint tensor goes: our parameter, and the rows it fills (fused weights)."""
-
-    param: str
-    shape: tuple[int, ...]
-    rows: tuple[int, int] | None = None
-
-
 def _decoder_map(ckpt: str, ours: str, cfg: DecoderConfig) -> dict[str, Target]:
     h, d = cfg.hidden_size, cfg.head_dim
     q, kv, inter = cfg.num_heads * d, cfg.num_kv_heads * d, cfg.intermediate_size
@@ -77,11 +64,11 @@ def _decoder_map(ckpt: str, ours: str, cfg: DecoderConfig) -> dict[str, Target]:
         c, o = f"{ckpt}.layers.{i}", f"{ours}.layers.{i}"
         qkv = f"{o}.self_attn.wqkv"
         for name, (lo, hi) in {"q_proj": (0, q), "k_proj": (q, q + kv), "v_proj": (q + kv, q + 2 * kv)}.items():
-            out[f"{c}.self_attn.{name}.weight"] = Target(f"{qkv}.weight", (hi - lo, h), (lo, hi))
-            out[f"{c}.self_attn.{name}.bias"] = Target(f"{qkv}.bias", (hi - lo,), (lo, hi))
+            out[f"{c}.self_attn.{name}.weight"] = Target(f"{qkv}.weight", (hi - lo, h), rows=(lo, hi))
+            out[f"{c}.self_attn.{name}.bias"] = Target(f"{qkv}.bias", (hi - lo,), rows=(lo, hi))
         out[f"{c}.self_attn.o_proj.weight"] = Target(f"{o}.self_attn.o_proj.weight", (h, q))
-        out[f"{c}.mlp.gate_proj.weight"] = Target(f"{o}.mlp.w13.weight", (inter, h), (0, inter))
-        out[f"{c}.mlp.up_proj.weight"] = Target(f"{o}.mlp.w13.weight", (inter, h), (inter, 2 * inter))
+        out[f"{c}.mlp.gate_proj.weight"] = Target(f"{o}.mlp.w13.weight", (inter, h), rows=(0, inter))
+        out[f"{c}.mlp.up_proj.weight"] = Target(f"{o}.mlp.w13.weight", (inter, h), rows=(inter, 2 * inter))
         out[f"{c}.mlp.down_proj.weight"] = Target(f"{o}.mlp.down_proj.weight", (h, inter))
         out[f"{c}.input_layernorm.weight"] = Target(f"{o}.input_layernorm.weight", (h,))
         out[f"{c}.post_attention_layernorm.weight"] = Target(f"{o}.post_attention_layernorm.weight", (h,))
@@ -117,169 +104,18 @@ def weight_map(cfg: OmniConfig, model: OmniModel | None = None) -> dict[str, Tar
     return out
 
 
-# ---------------------------------------------------------------- files
-
-def hf_hub_cache() -> Path:
-    if os.environ.get("HF_HUB_CACHE"):
-        return Path(os.environ["HF_HUB_CACHE"])
-    if os.environ.get("HF_HOME"):
-        return Path(os.environ["HF_HOME"]) / "hub"
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg) if xdg else Path.home() / ".cache") / "huggingface" / "hub"
-
-
-def resolve_checkpoint(model: str | os.PathLike) -> Path:
-    """The name "demo" (the built-in demo checkpoint, which must have been made: ``make_demo``),
-    "moshi-demo" (the Moshi demo, ``make_moshi_demo``),
-    a directory as given (``./demo`` for a folder of that name), or a repo id
-    ("Qwen/Qwen2.5-Omni-3B") found in the local HF cache."""
-    text = str(model)
-    if isinstance(model, str):
-        from .families import FAMILIES, demo_family  # the registry names the demos (and imports this module)
-
-        family = demo_family(text)
-        if family is not None:
-            demo = family.demo_dir()
-            if (demo / "config.json").is_file():
-                return demo
-            default = family is FAMILIES[0]  # `models make-demo` makes the first family's demo
-            what = "the demo model" if default else f"the {family.title} demo model"
-            make = "omnidesk models make-demo" + ("" if default else f" --family {family.name}")
-            raise CheckpointError(f"{what} is not made yet (it goes to {demo}); make it with: {make}")
-    path = Path(model).expanduser()
-    if path.is_dir():
-        return path
-    if text.count("/") == 1 and not text.startswith((".", "/", "~")):
-        repo_dir = hf_hub_cache() / ("models--" + text.replace("/", "--"))
-        snapshots = repo_dir / "snapshots"
-        ref = repo_dir / "refs" / "main"
-        if ref.is_file():
-            snap = snapshots / ref.read_text().strip()
-            if snap.is_dir():
-                return snap
-        if snapshots.is_dir():
-            candidates = sorted((p for p in snapshots.iterdir() if (p / "config.json").exists()),
-                                key=lambda p: p.stat().st_mtime, reverse=True)
-            if candidates:
-                return candidates[0]
-        raise CheckpointError(f"'{text}' is not in the local Hugging Face cache ({hf_hub_cache()}); "
-                              f"download it first with: omnidesk models download {text}")
-    raise CheckpointError(f"checkpoint directory not found: {path}")
-
-
-def _require(root: Path, name: str) -> Path:
-    p = root / name
-    if not p.is_file():
-        raise CheckpointError(f"{root}: missing file {name}")
-    return p
-
-
-def read_safetensors_header(path: Path) -> dict[str, dict]:
-    """Tensor name -> {dtype, shape, data_offsets}, validating the header against the file size."""
-    try:
-        size = path.stat().st_size
-        with open(path, "rb") as f:
-            raw = f.read(8)
-            if len(raw) < 8:
-                raise CheckpointError(f"{path}: not a safetensors file (too short, {size} bytes)")
-            (n,) = struct.unpack("<Q", raw)
-            if n > size - 8 or n > 100_000_000:
-                raise CheckpointError(f"{path}: corrupt safetensors header (length {n} > file size {size})")
-            header = json.loads(f.read(n))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"{path}: corrupt safetensors header ({e})") from None
-    if not isinstance(header, dict):
-        raise CheckpointError(f"{path}: corrupt safetensors header (not a JSON object)")
-    header.pop("__metadata__", None)
-    data_size = size - 8 - n
-    for name, info in header.items():
-        try:
-            end = int(info["data_offsets"][1])
-            info["shape"] = [int(d) for d in info["shape"]]
-        except (KeyError, IndexError, TypeError, ValueError):
-            raise CheckpointError(f"{path}: corrupt safetensors header (bad entry for tensor '{name}')") from None
-        if end > data_size:
-            raise CheckpointError(f"{path}: truncated: tensor '{name}' ends at byte {end} of the data section "
-                                  f"but the file holds only {data_size} bytes")
-    return header
-
-
-def weight_files(root: Path) -> dict[str, Path]:
-    """Tensor name -> the safetensors file holding it (sharded via the index, or a single file)."""
-    index = root / "model.safetensors.index.json"
-    if index.is_file():
-        try:
-            weight_map_ = json.loads(index.read_text())["weight_map"]
-        except (json.JSONDecodeError, KeyError) as e:
-            raise CheckpointError(f"{index}: unreadable index ({e})") from None
-        files = {}
-        for name, shard in weight_map_.items():
-            files[name] = root / shard
-        for shard in sorted(set(files.values())):
-            if not shard.is_file():
-                raise CheckpointError(f"{root}: missing shard {shard.name} (listed in model.safetensors.index.json)")
-        return files
-    single = root / "model.safetensors"
-    if single.is_file():
-        return {name: single for name in read_safetensors_header(single)}
-    raise CheckpointError(f"{root}: missing file model.safetensors (or model.safetensors.index.json with shards)")
-
-
 # ---------------------------------------------------------------- checks
 
-@dataclass
-class MappingReport:
-    """How a set of checkpoint tensors lines up with our modules."""
-
-    loaded: list[str] = field(default_factory=list)
-    unused: dict[str, list[str]] = field(default_factory=dict)  # reason -> names
-    missing: list[str] = field(default_factory=list)
-    unexpected: list[str] = field(default_factory=list)
-    mismatched: list[tuple[str, tuple, tuple]] = field(default_factory=list)  # name, expected, found
-    tied_lm_head: bool = False
-
-    @property
-    def ok(self) -> bool:
-        return not (self.missing or self.unexpected or self.mismatched)
-
-    def error(self, where: str) -> str:
-        def listing(names, n=12):
-            more = f" (and {len(names) - n} more)" if len(names) > n else ""
-            return ", ".join(names[:n]) + more
-        parts = []
-        for name, expected, found in self.mismatched[:12]:
-            parts.append(f"tensor '{name}' has shape {list(found)}, expected {list(expected)}")
-        if len(self.mismatched) > 12:
-            parts.append(f"(and {len(self.mismatched) - 12} more shape mismatches)")
-        if self.missing:
-            parts.append(f"missing weights: {listing(self.missing)}")
-        if self.unexpected:
-            parts.append(f"unexpected weights: {listing(self.unexpected)}")
-        return f"{where}: " + "; ".join(parts)
+def _unused(name: str) -> str | None:
+    return next((r for p, r in UNUSED_PREFIXES.items() if name.startswith(p)), None)
 
 
 def check_mapping(cfg: OmniConfig, shapes: dict[str, tuple[int, ...]], model: OmniModel | None = None) -> MappingReport:
     """Compare checkpoint tensor names/shapes with what our modules expect."""
-    wmap = weight_map(cfg, model)
-    report = MappingReport()
-    for name, shape in shapes.items():
-        target = wmap.get(name)
-        if target is not None:
-            if tuple(shape) != target.shape:
-                report.mismatched.append((name, target.shape, tuple(shape)))
-            else:
-                report.loaded.append(name)
-        else:
-            reason = next((r for p, r in UNUSED_PREFIXES.items() if name.startswith(p)), None)
-            if reason is None:
-                report.unexpected.append(name)
-            else:
-                report.unused.setdefault(reason, []).append(name)
-    missing = [n for n in wmap if n not in shapes]
-    if "thinker.lm_head.weight" in missing and cfg.thinker.tie_word_embeddings:
-        missing.remove("thinker.lm_head.weight")
+    report = match_tensors(weight_map(cfg, model), {n: (s, None) for n, s in shapes.items()}, _unused)
+    if "thinker.lm_head.weight" in report.missing and cfg.thinker.tie_word_embeddings:
+        report.missing.remove("thinker.lm_head.weight")
         report.tied_lm_head = True
-    report.missing = missing
     return report
 
 
@@ -415,31 +251,6 @@ def load_voices(path: Path, config: OmniConfig | None) -> dict[str, Voice]:
     return {str(name): voice_from_entry(str(name), v, dims, str(path)) for name, v in raw.items()}
 
 
-def _materialize(model: nn.Module, device: torch.device, dtype: torch.dtype) -> None:
-    """Give meta parameters real (uninitialised) storage and move computed buffers.
-
-    Buffers built on the CPU are moved; modules whose buffers were built on
-    the meta device recompute them in ``reset_buffers()``.
-    """
-    for module in model.modules():
-        for name, p in list(module._parameters.items()):
-            if p is not None:
-                module._parameters[name] = nn.Parameter(torch.empty(p.shape, device=device, dtype=dtype),
-                                                        requires_grad=False)
-    to_reset = []
-    for module in model.modules():
-        for name, b in list(module._buffers.items()):
-            if b is not None:
-                if b.is_meta:
-                    to_reset.append(module)
-                module._buffers[name] = torch.empty_like(b, device=device) if b.is_meta else b.to(device)
-    for module in dict.fromkeys(to_reset):  # after all parameters exist: reset may read their dtype
-        module.reset_buffers()
-
-
-DEFAULT_DEVICE_DTYPE = {"cpu": torch.float32, "cuda": torch.bfloat16}
-
-
 def load_stack(model: str | os.PathLike, device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
                enable_talker: bool = True, context_tokens: int = 8192) -> OmniStack:
     """Load a checkpoint directory or cached repo id into a ready :class:`OmniStack`.
@@ -450,20 +261,20 @@ def load_stack(model: str | os.PathLike, device: str | torch.device = "cpu", dty
     root = resolve_checkpoint(model)
     device = torch.device(device)
     dtype = dtype or DEFAULT_DEVICE_DTYPE.get(device.type, torch.float32)
-    cfg = OmniConfig.from_file(_require(root, "config.json"))
+    cfg = OmniConfig.from_file(require_file(root, "config.json"))
     if not enable_talker and cfg.talker is not None:
         cfg = OmniConfig(thinker=cfg.thinker, talker=None, token2wav=None, raw=cfg.raw)
     if device.type == "cuda":
         # refuse with a suggestion instead of dying of out-of-memory halfway through loading
-        from .inventory import check_fits, estimate_memory
+        from .memory import check_fits, estimate_memory
 
         free, _ = torch.cuda.mem_get_info(device)
         problem = check_fits(estimate_memory(cfg, dtype, context_tokens), free)
         if problem:
             raise ModelTooLargeError(f"{root}: {problem}")
     for name in ("tokenizer.json", "tokenizer_config.json", "preprocessor_config.json"):
-        _require(root, name)
-    voices = load_voices(_require(root, "spk_dict.pt"), cfg) if cfg.talker is not None else {}
+        require_file(root, name)
+    voices = load_voices(require_file(root, "spk_dict.pt"), cfg) if cfg.talker is not None else {}
     tokenizer = Tokenizer.from_dir(root)
     features = FeatureConfig.from_preprocessor_config(root / "preprocessor_config.json")
     gen_path = root / "generation_config.json"
@@ -484,34 +295,16 @@ def load_stack(model: str | os.PathLike, device: str | torch.device = "cpu", dty
     report = check_mapping(cfg, shapes, omni)
     if not report.ok:
         raise CheckpointError(report.error(str(root)))
-    _materialize(omni.thinker, device, dtype)
+    materialize(omni.thinker, device, dtype)
     if omni.talker is not None:
-        _materialize(omni.talker, device, dtype)
+        materialize(omni.talker, device, dtype)
         # The reference keeps token2wav in fp32 whatever the LLM dtype: flow matching needs it.
-        _materialize(omni.vocoder, device, torch.float32)
+        materialize(omni.vocoder, device, torch.float32)
     params = dict(omni.named_parameters())
     wmap = weight_map(cfg, omni)
 
-    from safetensors import safe_open
-
-    by_file: dict[Path, list[str]] = {}
-    for name in report.loaded:
-        by_file.setdefault(files[name], []).append(name)
+    copy_tensors(files, report.loaded, wmap, params)
     with torch.no_grad():
-        for f, names in by_file.items():
-            try:
-                with safe_open(str(f), framework="pt", device="cpu") as st:
-                    for name in names:
-                        tensor = st.get_tensor(name)
-                        target = wmap[name]
-                        dest = params[target.param]
-                        if target.rows is not None:
-                            dest = dest[target.rows[0]:target.rows[1]]
-                        dest.copy_(tensor)
-            except CheckpointError:
-                raise
-            except Exception as e:  # safetensors raises its own error types for damaged files
-                raise CheckpointError(f"{f}: cannot read tensors ({type(e).__name__}: {e})") from None
         if report.tied_lm_head:
             omni.thinker.lm_head.weight = omni.thinker.embed_tokens.weight
     omni.eval()
@@ -520,6 +313,5 @@ def load_stack(model: str | os.PathLike, device: str | torch.device = "cpu", dty
                      device=device)
 
 
-__all__ = ["CheckpointError", "ConfigError", "OmniModel", "OmniStack", "Voice", "VoiceDims", "check_mapping",
-           "load_stack", "load_voices", "resolve_checkpoint", "voice_from_entry", "weight_map",
-           "read_safetensors_header", "hf_hub_cache"]
+__all__ = ["OmniModel", "OmniStack", "Voice", "VoiceDims", "check_mapping", "load_stack", "load_voices",
+           "voice_from_entry", "weight_map"]

@@ -1,0 +1,420 @@
+"""Checkpoint files, family-neutral: where they are, whether they are intact, and how tensors land.
+
+* Errors every loader raises (:class:`CheckpointError`, :class:`ConfigError`,
+  :class:`ModelTooLargeError`): the message names the file, tensor or field.
+* The local Hugging Face cache (:func:`hf_hub_cache`, :func:`cached_snapshot`)
+  and :func:`resolve_checkpoint` (a demo name, a folder, or a cached repo id).
+  Nothing here touches the network.
+* safetensors: :func:`read_safetensors_header` validates a header against the
+  file size; :func:`weight_files` follows a sharded index.
+* Name mapping: a family's ``weight_map`` says where each checkpoint tensor
+  goes (:class:`Target`); :func:`match_tensors` compares that with a header
+  (:class:`MappingReport`), :func:`materialize` gives meta modules storage and
+  :func:`copy_tensors` fills them, so every checkpoint tensor has one
+  destination and every parameter one source.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterable
+
+import torch
+from torch import nn
+
+
+class CheckpointError(ValueError):
+    """The checkpoint cannot be used; the message says which file / tensor and why."""
+
+
+class ModelTooLargeError(CheckpointError):
+    """The model would not fit the device's free memory (checked before loading anything)."""
+
+
+class ConfigError(ValueError):
+    """A config file is not usable; the message names the file and field."""
+
+
+DEFAULT_DEVICE_DTYPE = {"cpu": torch.float32, "cuda": torch.bfloat16}
+SAFETENSORS_DTYPES = {"BF16": "bfloat16", "F16": "float16", "F32": "float32", "F64": "float64",
+                      "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2", "I8": "int8", "U8": "uint8"}
+FLOAT_DTYPES = {"F64", "F32", "F16", "BF16"}
+
+
+# ---------------------------------------------------------------- where checkpoints are
+
+def hf_hub_cache() -> Path:
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"])
+    if os.environ.get("HF_HOME"):
+        return Path(os.environ["HF_HOME"]) / "hub"
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "huggingface" / "hub"
+
+
+def repo_cache_dir(repo_id: str) -> Path:
+    return hf_hub_cache() / ("models--" + repo_id.replace("/", "--"))
+
+
+def repo_id_of(repo_dir: Path) -> str:
+    """``models--Org--Name`` -> ``Org/Name``."""
+    return repo_dir.name.removeprefix("models--").replace("--", "/", 1)
+
+
+def _has_checkpoint_files(snap: Path) -> bool:
+    # Moshi's repos have no config.json: weights are what every family's snapshot holds
+    return (snap / "config.json").is_file() or any(snap.glob("*.safetensors"))
+
+
+def cached_snapshot(repo_dir: Path) -> Path | None:
+    """The snapshot a cached repo's ``refs/main`` points at, else its newest one with checkpoint files."""
+    snapshots = repo_dir / "snapshots"
+    ref = repo_dir / "refs" / "main"
+    if ref.is_file():
+        snap = snapshots / ref.read_text().strip()
+        if snap.is_dir() and _has_checkpoint_files(snap):
+            return snap
+    if snapshots.is_dir():
+        candidates = [p for p in snapshots.iterdir() if p.is_dir() and _has_checkpoint_files(p)]
+        if candidates:
+            return max(candidates, key=lambda p: p.stat().st_mtime)
+    return None
+
+
+def cached_repos() -> list[tuple[str, Path]]:
+    """(repo id, snapshot) of every repo in the local HF cache that holds checkpoint files."""
+    hub = hf_hub_cache()
+    out = []
+    if hub.is_dir():
+        for repo_dir in sorted(hub.glob("models--*")):
+            snap = cached_snapshot(repo_dir)
+            if snap is not None:
+                out.append((repo_id_of(repo_dir), snap))
+    return out
+
+
+def resolve_checkpoint(model: str | os.PathLike) -> Path:
+    """A demo name ("demo", "moshi-demo": the family registry knows them; the demo must have been
+    made), a directory as given (``./demo`` for a folder of that name), or a repo id
+    ("Qwen/Qwen2.5-Omni-3B") found in the local HF cache."""
+    text = str(model)
+    if isinstance(model, str):
+        from .families import FAMILIES, demo_family  # the registry names the demos
+
+        family = demo_family(text)
+        if family is not None:
+            demo = family.demo_dir()
+            if (demo / "config.json").is_file():
+                return demo
+            default = family is FAMILIES[0]  # `models make-demo` makes the first family's demo
+            what = "the demo model" if default else f"the {family.title} demo model"
+            make = "omnidesk models make-demo" + ("" if default else f" --family {family.name}")
+            raise CheckpointError(f"{what} is not made yet (it goes to {demo}); make it with: {make}")
+    path = Path(model).expanduser()
+    if path.is_dir():
+        return path
+    if text.count("/") == 1 and not text.startswith((".", "/", "~")):
+        snap = cached_snapshot(repo_cache_dir(text))
+        if snap is not None:
+            return snap
+        raise CheckpointError(f"'{text}' is not in the local Hugging Face cache ({hf_hub_cache()}); "
+                              f"download it first with: omnidesk models download {text}")
+    raise CheckpointError(f"checkpoint directory not found: {path}")
+
+
+def require_file(root: Path, name: str) -> Path:
+    p = root / name
+    if not p.is_file():
+        raise CheckpointError(f"{root}: missing file {name}")
+    return p
+
+
+def read_json(path: Path) -> dict:
+    """A JSON object file; ConfigError naming the file otherwise."""
+    try:
+        d = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: missing file") from None
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(d, dict):
+        raise ConfigError(f"{path}: expected a JSON object, found {type(d).__name__}")
+    return d
+
+
+# ---------------------------------------------------------------- safetensors
+
+def read_safetensors_header(path: Path) -> dict[str, dict]:
+    """Tensor name -> {dtype, shape, data_offsets}, validating the header against the file size."""
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            raw = f.read(8)
+            if len(raw) < 8:
+                raise CheckpointError(f"{path}: not a safetensors file (too short, {size} bytes)")
+            (n,) = struct.unpack("<Q", raw)
+            if n > size - 8 or n > 100_000_000:
+                raise CheckpointError(f"{path}: corrupt safetensors header (length {n} > file size {size})")
+            header = json.loads(f.read(n))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{path}: corrupt safetensors header ({e})") from None
+    if not isinstance(header, dict):
+        raise CheckpointError(f"{path}: corrupt safetensors header (not a JSON object)")
+    header.pop("__metadata__", None)
+    data_size = size - 8 - n
+    for name, info in header.items():
+        try:
+            end = int(info["data_offsets"][1])
+            info["shape"] = [int(d) for d in info["shape"]]
+        except (KeyError, IndexError, TypeError, ValueError):
+            raise CheckpointError(f"{path}: corrupt safetensors header (bad entry for tensor '{name}')") from None
+        if end > data_size:
+            raise CheckpointError(f"{path}: truncated: tensor '{name}' ends at byte {end} of the data section "
+                                  f"but the file holds only {data_size} bytes")
+    return header
+
+
+def weight_files(root: Path) -> dict[str, Path]:
+    """Tensor name -> the safetensors file holding it (sharded via the index, or a single file)."""
+    index = root / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            weight_map_ = json.loads(index.read_text())["weight_map"]
+        except (json.JSONDecodeError, KeyError) as e:
+            raise CheckpointError(f"{index}: unreadable index ({e})") from None
+        files = {name: root / shard for name, shard in weight_map_.items()}
+        for shard in sorted(set(files.values())):
+            if not shard.is_file():
+                raise CheckpointError(f"{root}: missing shard {shard.name} (listed in model.safetensors.index.json)")
+        return files
+    single = root / "model.safetensors"
+    if single.is_file():
+        return {name: single for name in read_safetensors_header(single)}
+    raise CheckpointError(f"{root}: missing file model.safetensors (or model.safetensors.index.json with shards)")
+
+
+def safetensors_summary(files: Iterable[Path]) -> tuple[int, str | None, list[str]]:
+    """(parameter count, the first tensor's dtype name, problems) over safetensors files."""
+    import math
+
+    params, first, problems = 0, None, []
+    for f in files:
+        try:
+            for info in read_safetensors_header(f).values():
+                params += math.prod(info["shape"])
+                first = first or info.get("dtype")
+        except (CheckpointError, OSError) as e:
+            problems.append(str(e))
+    return params, (SAFETENSORS_DTYPES.get(first, first) if first else None), problems
+
+
+# ---------------------------------------------------------------- verification
+
+@dataclass
+class VerifyReport:
+    """What `models verify` found: never raised, every problem a message naming the file or tensor."""
+
+    path: Path
+    problems: list[str] = field(default_factory=list)
+    checked: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # not problems: e.g. a skipped load test
+    family: str | None = None  # the registry's name for it, once known
+    demo: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+def check_weight_files(root: Path, report: VerifyReport) -> tuple[dict[str, tuple[int, ...]], dict[Path, dict], bool]:
+    """`models verify` of ``model.safetensors`` (or an index and its shards): the tensor shapes over all
+    files, the headers read, and whether every file was intact; problems go to ``report``."""
+    headers: dict[Path, dict] = {}
+    intact = True
+    index = root / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            wmap = json.loads(index.read_text())["weight_map"]
+            if not isinstance(wmap, dict):
+                raise KeyError("weight_map")
+        except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as e:
+            report.problems.append(f"{index}: unreadable index ({e})")
+            return {}, headers, False
+        files = {name: root / shard for name, shard in wmap.items()}
+        report.checked.append(f"model.safetensors.index.json ({len(set(files.values()))} shards)")
+    elif (root / "model.safetensors").is_file():
+        files = None
+    else:
+        report.problems.append(f"{root}: missing file model.safetensors (or model.safetensors.index.json with shards)")
+        return {}, headers, False
+    for f in sorted(set(files.values())) if files is not None else [root / "model.safetensors"]:
+        if not f.is_file():
+            report.problems.append(f"{root}: missing shard {f.name} (listed in model.safetensors.index.json)")
+            intact = False
+            continue
+        try:
+            headers[f] = read_safetensors_header(f)
+            report.checked.append(f"{f.name}: header ({len(headers[f])} tensors)")
+        except (CheckpointError, OSError) as e:
+            report.problems.append(str(e))
+            intact = False
+    if files is None:
+        files = {name: root / "model.safetensors" for name in headers.get(root / "model.safetensors", {})}
+    shapes = {}
+    for name, f in files.items():
+        if f in headers:
+            if name not in headers[f]:
+                report.problems.append(f"{f}: tensor '{name}' is listed in the index but not in the file")
+                intact = False
+            else:
+                shapes[name] = tuple(headers[f][name]["shape"])
+    return shapes, headers, intact
+
+
+# ---------------------------------------------------------------- name mapping
+
+@dataclass(frozen=True)
+class Target:
+    """Where one checkpoint tensor goes: our parameter (or buffer), the checkpoint tensor's
+    shape, and which part of ours it fills: rows of a fused weight (q/k/v, gate/up) or one
+    entry of a stacked per-codebook / per-step parameter."""
+
+    param: str
+    shape: tuple[int, ...]
+    rows: tuple[int, int] | None = field(default=None, kw_only=True)
+    index: int | None = field(default=None, kw_only=True)
+
+    def destination(self, tensors: dict[str, torch.Tensor]) -> torch.Tensor:
+        dest = tensors[self.param]
+        if self.rows is not None:
+            dest = dest[self.rows[0]:self.rows[1]]
+        if self.index is not None:
+            dest = dest[self.index]
+        return dest
+
+
+@dataclass
+class MappingReport:
+    """How a set of checkpoint tensors lines up with our modules."""
+
+    loaded: list[str] = field(default_factory=list)
+    unused: dict[str, list[str]] = field(default_factory=dict)  # reason -> names
+    missing: list[str] = field(default_factory=list)
+    unexpected: list[str] = field(default_factory=list)
+    mismatched: list[tuple[str, tuple, tuple]] = field(default_factory=list)  # name, expected, found
+    bad_dtype: list[tuple[str, str]] = field(default_factory=list)
+    tied_lm_head: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return not (self.missing or self.unexpected or self.mismatched or self.bad_dtype)
+
+    def error(self, where: str) -> str:
+        def listing(names, n=12):
+            more = f" (and {len(names) - n} more)" if len(names) > n else ""
+            return ", ".join(names[:n]) + more
+        parts = [f"tensor '{name}' has shape {list(found)}, expected {list(expected)}"
+                 for name, expected, found in self.mismatched[:12]]
+        if len(self.mismatched) > 12:
+            parts.append(f"(and {len(self.mismatched) - 12} more shape mismatches)")
+        parts += [f"tensor '{n}' has dtype {dt}, expected a float type" for n, dt in self.bad_dtype[:12]]
+        if self.missing:
+            parts.append(f"missing weights: {listing(self.missing)}")
+        if self.unexpected:
+            parts.append(f"unexpected weights: {listing(self.unexpected)}")
+        return f"{where}: " + "; ".join(parts)
+
+
+def match_tensors(wmap: dict[str, Target], found: dict[str, tuple[tuple[int, ...], str | None]],
+                  unused: Callable[[str], str | None] = lambda name: None,
+                  aliases: dict[str, str] | None = None) -> MappingReport:
+    """Compare checkpoint tensors (name -> (shape, safetensors dtype or None)) with ``wmap``.
+
+    ``unused(name)`` gives the reason a recognised tensor is not loaded (None: unexpected);
+    ``aliases`` maps another spelling of a name onto the canonical one in ``wmap`` (both
+    present = two sources for one weight: the alias is unexpected)."""
+    aliases = aliases or {}
+    report = MappingReport()
+    for name, (shape, dtype) in found.items():
+        canonical = aliases.get(name, name)
+        target = wmap.get(canonical)
+        if target is None:
+            reason = unused(name)
+            if reason is None:
+                report.unexpected.append(name)
+            else:
+                report.unused.setdefault(reason, []).append(name)
+        elif canonical != name and canonical in found:
+            report.unexpected.append(name)
+        elif tuple(shape) != target.shape:
+            report.mismatched.append((name, target.shape, tuple(shape)))
+        elif dtype is not None and dtype not in FLOAT_DTYPES:
+            report.bad_dtype.append((name, dtype))
+        else:
+            report.loaded.append(name)
+    by_alias = {c: a for a, c in aliases.items()}
+    report.missing = [n for n in wmap if n not in found and by_alias.get(n) not in found]
+    return report
+
+
+def header_tensors(header: dict[str, dict]) -> dict[str, tuple[tuple[int, ...], str | None]]:
+    """A safetensors header as :func:`match_tensors` takes it."""
+    return {name: (tuple(info["shape"]), info.get("dtype")) for name, info in header.items()}
+
+
+def materialize(model: nn.Module, device: torch.device | str, dtype: torch.dtype) -> None:
+    """Give meta parameters real (uninitialised) storage in ``dtype`` and move buffers.
+
+    Buffers built on the CPU are moved as they are; modules whose buffers were built on the
+    meta device recompute them in ``reset_buffers()``."""
+    device = torch.device(device)
+    for module in model.modules():
+        for name, p in list(module._parameters.items()):
+            if p is not None:
+                module._parameters[name] = nn.Parameter(torch.empty(p.shape, device=device, dtype=dtype),
+                                                        requires_grad=False)
+    to_reset = []
+    for module in model.modules():
+        for name, b in list(module._buffers.items()):
+            if b is not None:
+                if b.is_meta:
+                    to_reset.append(module)
+                module._buffers[name] = torch.empty_like(b, device=device) if b.is_meta else b.to(device)
+    for module in dict.fromkeys(to_reset):  # after all parameters exist: reset may read their dtype
+        module.reset_buffers()
+
+
+def copy_tensors(files: dict[str, Path], names: Iterable[str], wmap: dict[str, Target],
+                 tensors: dict[str, torch.Tensor], aliases: dict[str, str] | None = None) -> None:
+    """Fill our tensors (name -> parameter/buffer) from checkpoint tensors ``names`` (each read
+    from ``files[name]``; cast to the destination's dtype).  CheckpointError names the file
+    when safetensors cannot read it."""
+    from safetensors import safe_open
+
+    aliases = aliases or {}
+    by_file: dict[Path, list[str]] = {}
+    for name in names:
+        by_file.setdefault(files[name], []).append(name)
+    with torch.no_grad():
+        for f, file_names in by_file.items():
+            try:
+                with safe_open(str(f), framework="pt", device="cpu") as st:
+                    for name in file_names:
+                        dest = wmap[aliases.get(name, name)].destination(tensors)
+                        dest.copy_(st.get_tensor(name).view(dest.shape))
+            except CheckpointError:
+                raise
+            except Exception as e:  # safetensors raises its own error types for damaged files
+                raise CheckpointError(f"{f}: cannot read tensors ({type(e).__name__}: {e})") from None
+
+
+__all__ = ["CheckpointError", "ConfigError", "DEFAULT_DEVICE_DTYPE", "FLOAT_DTYPES", "MappingReport",
+           "ModelTooLargeError", "SAFETENSORS_DTYPES", "Target", "VerifyReport", "cached_repos", "cached_snapshot",
+           "check_weight_files", "copy_tensors",
+           "header_tensors", "hf_hub_cache", "match_tensors", "materialize", "read_json", "read_safetensors_header",
+           "repo_cache_dir", "repo_id_of", "require_file", "resolve_checkpoint", "safetensors_summary",
+           "weight_files"]
