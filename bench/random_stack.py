@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 from omnidesk.models.qwen2_5_omni import bench  # noqa: E402
 from omnidesk.models.qwen2_5_omni.config import OmniConfig  # noqa: E402
 from omnidesk.models.qwen2_5_omni.demo import PREPROCESSOR  # noqa: E402
-from omnidesk.models.qwen2_5_omni.features import FeatureConfig  # noqa: E402
+from omnidesk.models.features import FeatureConfig  # noqa: E402
 from omnidesk.models.qwen2_5_omni.loading import OmniModel, OmniStack, VoiceDims, _materialize, voice_from_entry  # noqa: E402
 from omnidesk.models.random_init import init_module_  # noqa: E402
 from omnidesk.models.qwen2_5_omni.tokenizer import Tokenizer, write_tokenizer_files  # noqa: E402

@@ -2,7 +2,8 @@
 # Set up OmniDesk in ./.venv on a fresh Linux machine.
 #   dev/setup.sh          the app and its runtime dependencies
 #   dev/setup.sh --test   the same plus the test dependencies (pytest, pytest-qt, transformers and kyutai's
-#                         moshi as the oracles)
+#                         moshi as the oracles) and the optional end-of-turn model (onnxruntime + the
+#                         pipecat-ai wheel's Smart Turn file)
 # System libraries (PortAudio for the audio devices, the libraries Qt needs) are
 # installed with apt-get when running as root and missing; otherwise it says
 # what to install.
@@ -49,5 +50,11 @@ if [ "${1:-}" = "--test" ]; then
   # sounddevice), so it goes in without its dependencies; what its model code imports is added.
   .venv/bin/python -c 'import moshi' 2>/dev/null || .venv/bin/python -m pip install -q --no-deps "moshi==0.2.13"
   .venv/bin/python -m pip install -q "einops>=0.7" "sentencepiece>=0.2"
+  # The end-of-turn model, light: onnxruntime runs it, the pipecat-ai wheel only carries its file
+  # (OmniDesk never imports pipecat, so its dependencies stay out).  The tests cover both with and
+  # without it (they hide it where they need the fixed rule).
+  .venv/bin/python -c 'import onnxruntime' 2>/dev/null || .venv/bin/python -m pip install -q "onnxruntime>=1.17"
+  .venv/bin/python -c 'import importlib.metadata as m; m.distribution("pipecat-ai")' 2>/dev/null \
+    || .venv/bin/python -m pip install -q --no-deps "pipecat-ai>=1.0"
 fi
 echo "ready: .venv/bin/omnidesk"

@@ -73,6 +73,22 @@ def _prepare(args, out) -> Prepared:
     return Prepared(choice.source, root, device, family.input_rate(root), family)
 
 
+def _end_of_turn_judge(args, prepared: Prepared, blocking: bool):
+    """The end-of-turn judge ``--end-of-turn`` asks for (None: the fixed silence rule), said in one line."""
+    from omnidesk.engine.smart_turn import TurnModelUnavailable
+    from omnidesk.engine.turn_judge import make_judge
+
+    if prepared.duplex or args.no_vad:  # no endpointing to decide
+        return None
+    try:
+        judge = make_judge(args.end_of_turn, blocking=blocking)
+    except TurnModelUnavailable as e:
+        raise UsageError(f"--end-of-turn smart: {e}") from None
+    print(f"end of turn: {'the Smart Turn model' if judge else 'silence (400 ms)'}"
+          + ("" if judge or args.end_of_turn == "fixed" else " (the Smart Turn model is not installed)"))
+    return judge
+
+
 def _turn_tools(prepared: Prepared, command: str, instead: str = ""):
     """The family's unstreamed one-turn tools; a UsageError where it has none (a full-duplex model)."""
     family = prepared.family
@@ -389,8 +405,13 @@ def cmd_talk(args) -> int:
 
         detector = WebRtcVAD(sample_rate=rate)
     after = None if args.interrupt_after is None else args.interrupt_after / 1000.0
-    engine, speaker = asyncio.run(run_script(executor, Script(inputs, barge, args.no_vad, after), config, timeline,
-                                             realtime=not args.fast, detector=detector))
+    judge = _end_of_turn_judge(args, prepared, blocking=args.fast)  # --fast: scored inline, reproducibly
+    try:
+        engine, speaker = asyncio.run(run_script(executor, Script(inputs, barge, args.no_vad, after), config,
+                                                 timeline, realtime=not args.fast, detector=detector, judge=judge))
+    finally:
+        if judge is not None:
+            judge.close()
     # written whatever happened: a failed turn is in the timeline with the turns before it
     args.doing = "writing the results"
     sf.write(args.output, speaker.recording(), speaker.sample_rate)
@@ -501,7 +522,8 @@ def cmd_live(args) -> int:
             finished.set()
 
     settings = LiveSettings(input_device=args.input_device, output_device=args.output_device,
-                            headphones=args.headphones, barge_in_confirm_ms=args.barge_in_ms)
+                            headphones=args.headphones, barge_in_confirm_ms=args.barge_in_ms,
+                            end_of_turn=args.end_of_turn)
     session = LiveSession(executor, settings, EngineConfig(voice=args.voice, seed=args.seed), on_update, timeline)
     try:
         session.start()
@@ -584,6 +606,11 @@ def cmd_default(args) -> int:
     return 0
 
 
+END_OF_TURN_HELP = ("when the user's turn is over: 'smart' = the Smart Turn v3 model scores each pause (replies "
+                    "~200 ms after a finished sentence, waits through a mid-sentence pause; needs the optional "
+                    "'turn' extra), 'fixed' = 400 ms of silence, 'auto' (default) = smart when installed")
+
+
 def _model_help() -> str:
     from omnidesk.models.families import FAMILIES, RECOMMENDED
 
@@ -626,6 +653,7 @@ def _merge_options(args) -> None:
 
 
 def _build_parser() -> argparse.ArgumentParser:
+    from omnidesk.engine.turn_judge import END_OF_TURN_CHOICES
     from omnidesk.models.families import FAMILIES, RECOMMENDED
 
     parser = argparse.ArgumentParser(
@@ -695,6 +723,7 @@ def _build_parser() -> argparse.ArgumentParser:
                       help="each input file is exactly one turn (and is not checked for speech)")
     talk.add_argument("--vad", choices=("webrtc", "energy"), default="webrtc",
                       help="speech detector: webrtcvad (as the app) or a plain energy threshold")
+    talk.add_argument("--end-of-turn", choices=END_OF_TURN_CHOICES, default="auto", help=END_OF_TURN_HELP)
     talk.add_argument("--greedy", action="store_true")
     talk.add_argument("--seed", type=int, default=0)
     talk.add_argument("--voice")
@@ -713,6 +742,7 @@ def _build_parser() -> argparse.ArgumentParser:
     live.add_argument("--headphones", action="store_true", help="no echo cancellation (nothing leaks to the mic)")
     live.add_argument("--barge-in-ms", type=float, default=300.0,
                       help="speech needed to interrupt a reply (shorter sounds only pause it)")
+    live.add_argument("--end-of-turn", choices=END_OF_TURN_CHOICES, default="auto", help=END_OF_TURN_HELP)
     live.add_argument("--voice")
     live.add_argument("--seed", type=int, default=0)
     live.add_argument("--turns", type=int, help="stop after this many replies")

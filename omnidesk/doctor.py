@@ -203,6 +203,18 @@ def check_demo() -> Check:
     return Check("demo model", True, detail)
 
 
+def check_end_of_turn() -> Check:
+    """Which end-of-turn detector "auto" runs: the Smart Turn model when installed, else the silence rule.
+    Either works, so this never fails; it says what to install for the model."""
+    from .engine.smart_turn import SmartTurn, TurnModelUnavailable
+
+    try:
+        model = SmartTurn.load()
+    except TurnModelUnavailable as e:
+        return Check("end of turn", True, f"silence rule (400 ms): {e}")
+    return Check("end of turn", True, f"Smart Turn model: {model.describe()}")
+
+
 CHECKS: list[tuple[str, Callable[[], Check]]] = [
     ("Python", check_python),
     ("torch", check_torch),
@@ -211,6 +223,7 @@ CHECKS: list[tuple[str, Callable[[], Check]]] = [
     ("audio devices", check_audio_devices),
     ("webrtcvad", check_webrtcvad),
     ("echo cancellation", check_echo_cancellation),
+    ("end of turn", check_end_of_turn),
     ("Qt display", check_qt),
     ("models", check_models),
     ("demo model", check_demo),

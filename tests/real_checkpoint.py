@@ -121,7 +121,7 @@ def recipe() -> dict:
         "config": sha(CONFIG.read_bytes()), "transformers": version("transformers"),  # source of the tensor list
         "writer": sha(Path(__file__).read_bytes()),
         "init": sha((ROOT / "omnidesk" / "models" / "random_init.py").read_bytes()),
-        "tokenizer": sha((ROOT / "omnidesk" / "models" / "tokenizer.py").read_bytes()),
+        "tokenizer": sha((ROOT / "omnidesk" / "models" / "qwen2_5_omni" / "tokenizer.py").read_bytes()),
         "voices": sha(voices.encode()),
     }
 

@@ -10,8 +10,8 @@ import pytest
 from omnidesk import doctor
 from omnidesk.doctor import Check, format_report, run_checks
 
-NAMES = ["Python", "torch", "GPU", "PortAudio", "audio devices", "webrtcvad", "echo cancellation", "Qt display",
-         "models", "demo model"]
+NAMES = ["Python", "torch", "GPU", "PortAudio", "audio devices", "webrtcvad", "echo cancellation", "end of turn",
+         "Qt display", "models", "demo model"]
 
 
 @pytest.fixture

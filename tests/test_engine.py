@@ -252,3 +252,47 @@ def test_stop_during_a_held_preemptive_reply_then_the_endpoint_listens_again(sta
     assert stuck_state == TurnState.LISTENING
     first, second = engine.timeline.turns
     assert first.interrupted and second.events["reply_done"] is not None and second.codec_token_ids
+
+
+class _AlwaysJudge:
+    """An end-of-turn judge with one fixed verdict, ready at once (as ``blocking`` scoring is)."""
+
+    name = "always"
+    window_s = 8.0
+    pending = False
+
+    def __init__(self, p):
+        self.p, self.seen = p, []
+
+    def submit(self, audio):
+        self.seen.append(audio.size)
+        self._ready = (self.p, 2.0)
+
+    def poll(self):
+        ready, self._ready = getattr(self, "_ready", None), None
+        return ready
+
+    def discard(self):
+        self._ready = None
+
+
+def test_a_complete_verdict_plays_the_preemptive_reply_sooner_and_the_timeline_says_why(stack, speech_like):
+    wave = _wave(speech_like, 1.2, 5)
+    runs = {}
+    for name, judge in (("fixed", None), ("model", _AlwaysJudge(0.95))):
+        timeline = Timeline(model={}, device="cpu")
+        asyncio.run(run_script(_executor(stack), Script([wave]), EngineConfig(), timeline, realtime=False,
+                               judge=judge))
+        validate(timeline.to_dict())
+        runs[name] = timeline.turns[0]
+    fixed, model = runs["fixed"], runs["model"]
+    assert fixed.extra["end_of_turn"] == {"detector": "fixed", "ended_by": "silence", "scores": []}
+    record = model.extra["end_of_turn"]
+    assert record["detector"] == "always" and record["ended_by"] == "model"
+    assert [s["decision"] for s in record["scores"]] == ["complete"] and record["scores"][0]["cpu_ms"] == 2.0
+    # the turn ended at the first score (160 ms of silence), not after 400 ms, and the reply is the same one
+    assert model.endpoint - model.user_speech_end == pytest.approx(0.16, abs=0.045)
+    assert fixed.endpoint - fixed.user_speech_end == pytest.approx(0.40, abs=0.045)
+    assert model.prompt_token_ids == fixed.prompt_token_ids and model.codec_token_ids == fixed.codec_token_ids
+    v2v = {k: t.events["playback_start"] - t.user_speech_end for k, t in runs.items()}
+    assert v2v["model"] < v2v["fixed"] - 0.15

@@ -117,7 +117,7 @@ def test_interrupt_keeps_heard_part_and_next_turn_equals_fresh_history(stack, sp
 
 
 def _audio_tokens(stack, waves):
-    from omnidesk.models.qwen2_5_omni.features import log_mel
+    from omnidesk.models.features import log_mel
 
     return torch.cat([stack.thinker.audio_encoder(log_mel(w, stack.features)) for w in waves])
 

@@ -170,6 +170,31 @@ def test_moshi_demo_shows_both_sides_the_frame_clock_and_stop_mutes(qtbot, setti
     close_window(w)
 
 
+def test_a_failed_duplex_step_shows_a_banner_that_clears_once_the_model_steps_again(qtbot, settings, tmp_path,
+                                                                                     moshi_demo_dir):
+    from omnidesk.engine.executor import stage
+
+    w = open_window(qtbot, settings, tmp_path, str(moshi_demo_dir))
+    qtbot.waitUntil(lambda: w.session is not None and w.conversation.running, timeout=60000)
+    ex = w.loaded.executor
+    step, failed = ex.step, []
+
+    def fail_once(frame):  # the engine's worker thread calls it
+        if not failed:
+            failed.append(True)
+            with stage("vocoder"):
+                raise RuntimeError("decoder exploded")
+        return step(frame)
+
+    ex.step = fail_once
+    qtbot.waitUntil(lambda: w.error_banner.isVisible(), timeout=20000)
+    assert "vocoder" in w.error_banner.text and "decoder exploded" in w.error_banner.text
+    # the model restarted its stream and keeps stepping: the banner goes once it has for a second
+    qtbot.waitUntil(lambda: not w.error_banner.isVisible(), timeout=30000)
+    assert w.duplex is not None and w.duplex.view.frames >= 13 and w.conversation.running
+    close_window(w)
+
+
 # ---------------------------------------------------------------- the overlay's clock on its own
 
 

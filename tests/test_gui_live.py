@@ -69,3 +69,45 @@ def test_window_talks_and_stops_on_live_devices(qtbot, tmp_path, monkeypatch, pu
     w.shutdown()
     assert wait_for_background(30000)
     assert np.isfinite(cut.stop_s) and cut.stop_s >= 0
+
+
+def test_window_runs_the_moshi_demo_on_live_devices(qtbot, tmp_path, monkeypatch, pulse_server):  # noqa: F811
+    """Full duplex in the window on the real devices: the assistant's audio flows while the user
+    speaks, echo cancellation on (speakers), and Stop mutes it."""
+    pytest.importorskip("omnidesk.audio.session")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    settings = Settings(QSettings(str(tmp_path / "settings.ini"), QSettings.Format.IniFormat))
+    w = MainWindow(settings, model="moshi-demo", find_models=lambda: [], log_path=tmp_path / "omnidesk.log",
+                   live_available=True)
+    qtbot.addWidget(w)
+    w.show()
+    w.start()
+    qtbot.waitUntil(lambda: w.session is not None and w.loaded is not None and w.loaded.duplex, timeout=60000)
+    qtbot.waitUntil(lambda: w.session.frames >= 25, timeout=15000)  # the pulse plugin takes a moment
+    session = w.session
+    assert type(session).__name__ == "LiveSession" and type(session.engine).__name__ == "DuplexEngine"
+    assert session.aec is not None and not session.aec.bypass  # speakers: echo cancellation on
+    assert w.demo_banner.isVisible() and "Moshi demo model" in w.demo_banner.text
+    # the echo canceller's start-up (see tests/test_live_moshi.py): speak once the model has talked a while
+    qtbot.waitUntil(lambda: session.audio.speaker.playhead >= 1.5 * session.audio.speaker.sample_rate,
+                    timeout=20000)
+
+    question, rate = sf.read(str(FIXTURES / "question.wav"), dtype="float32")
+    player = threading.Thread(target=pulse_server.play_into_mic, args=(question, rate), daemon=True)
+    player.start()
+    # both at once: the user is heard while the assistant's audio keeps flowing
+    qtbot.waitUntil(lambda: w.duplex is not None and w.duplex.view.user_speaking, timeout=20000)
+    played = session.audio.speaker.playhead
+    qtbot.waitUntil(lambda: session.audio.speaker.playhead >= played + 0.5 * session.audio.speaker.sample_rate,
+                    timeout=10000)
+    assert w.duplex_activity.states["you"] == "speaking"
+    player.join(timeout=15)
+    qtbot.mouseClick(w.stop_button, Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(lambda: w.duplex is not None and w.duplex.view.muted, timeout=10000)
+    data = w.timeline_dict()
+    assert data["duplex"]["errors"] == [] and len(data["duplex"]["user_speech"]) >= 1
+    assert len(data["duplex"]["stops"]) == 1
+    w.close()
+    w.shutdown()
+    assert wait_for_background(30000)

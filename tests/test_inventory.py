@@ -77,7 +77,7 @@ def test_find_checkpoints_in_hub_cache_and_extra_dirs(tiny_checkpoints, tmp_path
 def test_verify_good_checkpoint_with_load_test(tiny_checkpoints):
     path, _ = tiny_checkpoints("a")
     report = verify(path)
-    assert report.ok and report.problems == [] and report.notes == []
+    assert report.ok and report.problems == [] and report.notes == [], (report.problems, report.notes)
     assert "load test: loaded on the CPU in float32, one thinker decode step" in report.checked
     assert "spk_dict.pt (2 voices)" in report.checked
     assert any(c.startswith("tensor names and shapes (") for c in report.checked)

@@ -172,7 +172,7 @@ def check_interrupted(session, audio, t_rec, marks):
     assert b.onset <= b.confirmed <= b.playback_stopped
     # confirmation needs 300 ms of speech (the default barge_in_confirm_ms)
     assert b.confirmed - b.onset >= 0.28
-    assert 0.3 < b.heard_audio_s < first.reply_audio_s
+    assert 0.3 < b.heard_audio_s <= first.reply_audio_s  # equal when a busy CPU had produced no more yet
     assert first.played_audio_s == b.heard_audio_s
     # playback paused at the onset frame, before the confirmation
     paused = first.extra["playback_paused"]

@@ -190,3 +190,107 @@ def test_config_checks_and_frame_length():
     with pytest.raises(ValueError):
         ep.push(np.zeros(FRAME + 1, np.float32), 0.0)
     assert ep.push(np.zeros(FRAME // 2, np.float32), 0.0) == []  # a short last frame is fine
+
+
+# ---------------------------------------------------------------- end of turn with a judge
+
+
+class ScriptedJudge:
+    """A TurnJudge whose verdicts are given in advance (one per submission), ready ``delay`` polls
+    after submission: the Endpointer's policy is tested apart from any model."""
+
+    name = "scripted"
+    window_s = 8.0
+
+    def __init__(self, verdicts, delay=0):
+        self.verdicts = list(verdicts)
+        self.delay = delay
+        self.submitted = []  # audio lengths (s)
+        self._due = None
+
+    @property
+    def pending(self):
+        return self._due is not None and self._due[0] > 0
+
+    def submit(self, audio):
+        self.submitted.append(audio.size / SR)
+        self._due = [self.delay, self.verdicts.pop(0) if self.verdicts else 0.5]
+
+    def poll(self):
+        if self._due is None:
+            return None
+        if self._due[0] > 0:
+            self._due[0] -= 1
+            return None
+        p, self._due = self._due[1], None
+        return p, 1.5
+
+    def discard(self):
+        self._due = None
+
+
+def judged(verdicts, delay=0, **config):
+    judge = ScriptedJudge(verdicts, delay)
+    return Endpointer(EnergyVAD(), EndpointerConfig(**config), SR, judge=judge), judge
+
+
+def _scores(events):
+    return [e for _, e in events if type(e).__name__ == "TurnScore"]
+
+
+def test_a_complete_verdict_ends_the_turn_at_the_first_score():
+    ep, judge = judged([0.93])
+    ev = run(ep, signal(("s", 0.4), ("t", 1.0), ("s", 1.0)))
+    assert kinds(ev) == ["SpeechOnset", "SpeechStart", "Pause", "TurnScore", "Endpoint"]
+    score, end = _scores(ev)[0], ev[-1][1]
+    assert score.decision == "complete" and score.p_complete == 0.93 and score.cpu_ms == 1.5
+    assert end.by == "model" and not end.forced
+    # scored once 160 ms of silence were there, and ended on that frame: far before the 400 ms rule
+    assert score.silence_ms == pytest.approx(160.0, abs=40.0)
+    assert end.t_endpoint - end.t_speech_end == pytest.approx(score.silence_ms / 1000, abs=DT)
+    assert end.t_endpoint - end.t_speech_end < 0.4
+    assert len(judge.submitted) == 1 and judge.submitted[0] >= 1.0  # the utterance so far, speech included
+
+
+def test_an_incomplete_verdict_waits_out_a_long_pause_and_rescored_pauses_can_end_it():
+    # "not finished" three times: the pause is waited out up to turn_max_wait_ms, rescored every 200 ms
+    ep, judge = judged([0.1, 0.1, 0.2, 0.1, 0.1, 0.1, 0.1])
+    ev = run(ep, signal(("s", 0.4), ("t", 1.0), ("s", 2.0)))
+    end = ev[-1][1]
+    assert type(end).__name__ == "Endpoint" and end.by == "silence"
+    assert end.t_endpoint - end.t_speech_end == pytest.approx(1.5, abs=DT)
+    silences = [s.silence_ms for s in _scores(ev)]
+    assert silences[0] == pytest.approx(160, abs=40) and all(b - a >= 200 for a, b in zip(silences, silences[1:]))
+    assert all(s.decision == "incomplete" for s in _scores(ev))
+    # a later "complete" ends the pause where it is scored
+    ep, _ = judged([0.1, 0.95])
+    ev = run(ep, signal(("s", 0.4), ("t", 1.0), ("s", 2.0)))
+    end = ev[-1][1]
+    assert end.by == "model" and end.t_endpoint - end.t_speech_end == pytest.approx(0.16 + 0.2, abs=DT)
+
+
+def test_an_unsure_verdict_leaves_it_to_the_silence_rule():
+    ep, _ = judged([0.5, 0.5])
+    ev = run(ep, signal(("s", 0.4), ("t", 1.0), ("s", 1.0)))
+    end = ev[-1][1]
+    assert end.by == "silence" and end.t_endpoint - end.t_speech_end == pytest.approx(0.4, abs=DT)
+    assert [s.decision for s in _scores(ev)] == ["unsure", "unsure"]
+
+
+def test_speech_after_a_pause_drops_its_verdict_and_a_slow_score_lands_when_ready():
+    # the first pause's score is still running when the user goes on: it is never applied
+    ep, judge = judged([0.99, 0.97], delay=2)
+    ev = run(ep, signal(("s", 0.4), ("t", 1.0), ("s", 0.2), ("t", 0.8), ("s", 1.0)))
+    scores = _scores(ev)
+    assert len(judge.submitted) == 2 and len(scores) == 1  # the first verdict was dropped at the resume
+    end = ev[-1][1]
+    assert end.by == "model" and scores[0].t == end.t_endpoint
+    # it arrived two frames after its submission: at ~160 ms + 2 frames of silence
+    assert end.t_endpoint - end.t_speech_end == pytest.approx(0.16 + 2 * DT, abs=DT)
+
+
+def test_turn_thresholds_are_checked():
+    with pytest.raises(ValueError, match="turn_incomplete"):
+        EndpointerConfig(turn_complete=0.2, turn_incomplete=0.5)
+    with pytest.raises(ValueError, match="turn_max_wait_ms"):
+        EndpointerConfig(turn_max_wait_ms=300)

@@ -66,11 +66,30 @@ class LiveSettings:
     push_to_talk: bool = False
     block_ms: float = 20.0
     latency_s: float = 0.05  # device buffering; see omnidesk.audio.device.DEFAULT_LATENCY_S
+    # end of turn (omnidesk.engine.turn_judge): "auto" = the Smart Turn model when installed, else the
+    # fixed silence rule; "smart"; "fixed".  Thresholds: see EndpointerConfig.
+    end_of_turn: str = "auto"
+    turn_complete: float = 0.7
+    turn_incomplete: float = 0.3
+    turn_min_silence_ms: float = 160.0
+    turn_max_wait_ms: float = 1500.0
 
     def endpointer_config(self) -> EndpointerConfig:
         return EndpointerConfig(speech_start_ms=self.speech_start_ms, barge_in_start_ms=self.barge_in_confirm_ms,
                                 endpoint_silence_ms=self.endpoint_silence_ms, pre_roll_ms=self.pre_roll_ms,
-                                preempt_silence_ms=min(150.0, self.endpoint_silence_ms))
+                                preempt_silence_ms=min(150.0, self.endpoint_silence_ms, self.turn_min_silence_ms),
+                                turn_complete=self.turn_complete, turn_incomplete=self.turn_incomplete,
+                                turn_min_silence_ms=self.turn_min_silence_ms,
+                                turn_max_wait_ms=max(self.turn_max_wait_ms, self.endpoint_silence_ms))
+
+    def make_endpointer(self, detector, sample_rate: int, duplex: bool, blocking: bool = False) -> Endpointer:
+        """The session's endpointer, with the end-of-turn judge this setting asks for (none for a
+        full-duplex model: it decides by itself when to talk).  Close ``endpointer.judge`` with the
+        session."""
+        from omnidesk.engine.turn_judge import make_judge
+
+        judge = None if duplex else make_judge(self.end_of_turn, blocking=blocking)
+        return Endpointer(detector, self.endpointer_config(), sample_rate, judge=judge)
 
 
 @dataclass
@@ -100,6 +119,7 @@ class LiveSession:
         self.engine: Engine | DuplexEngine | None = None
         self.audio: AudioIO | None = None
         self.aec = None
+        self._judge = None  # the end-of-turn judge (its thread), closed with the session
         self._thread: EngineThread | None = None
         self._drive_future = None
         self._muted = False
@@ -139,7 +159,12 @@ class LiveSession:
         self.engine_config.echo_tail_s = max(self.engine_config.echo_tail_s, sum(audio.latency_s) + 0.3)
         self._thread = EngineThread()
         detector = WebRtcVAD(s.vad_aggressiveness, rate_in)
-        endpointer = Endpointer(detector, s.endpointer_config(), rate_in)
+        try:
+            endpointer = s.make_endpointer(detector, rate_in, duplex=getattr(self.ex, "duplex", False))
+        except Exception:
+            self.close()
+            raise
+        self._judge = endpointer.judge
 
         async def new_engine():
             if new_conversation:
@@ -172,6 +197,9 @@ class LiveSession:
             except Exception:  # noqa: BLE001 - closing must not raise; the pool shutdown below still runs
                 pass
             self.engine.close()
+        if self._judge is not None:
+            self._judge.close()
+            self._judge = None
         if self._thread is not None:
             self._thread.stop()
             self._thread = None

@@ -155,6 +155,7 @@ class DuplexEngine:
         self._pending = np.zeros(0, np.float32)  # resampled input not yet a whole model frame
         self._queue: list[tuple[np.ndarray, float]] = []  # (model frame, session time its last sample arrived)
         self._task: asyncio.Task | None = None
+        self._closing = False  # aclose() began: frames that still arrive are not stepped
         self._progress = asyncio.Event()
         self.steps_ms: list[float] = []
         self.late_frames = 0
@@ -179,6 +180,8 @@ class DuplexEngine:
     # ------------------------------------------------------------------ input side
     async def on_frame(self, frame: np.ndarray, t: float) -> None:
         """One mic frame (session rate) starting at session time ``t``."""
+        if self._closing:  # a driver's last frames after aclose: the worker pool is going away
+            return
         try:
             self.now = t + len(frame) / self.endpointer.sample_rate
             for event in self.endpointer.push(frame, t):
@@ -229,7 +232,7 @@ class DuplexEngine:
 
     async def _run_steps(self) -> None:
         try:
-            while self._queue:
+            while self._queue and not self._closing:
                 frame, arrived = self._queue.pop(0)
                 try:
                     out, ms = await self._loop.run_in_executor(self._pool, self._timed_step, frame)
@@ -409,6 +412,7 @@ class DuplexEngine:
         return not self._queue and not self._user_speaking and self._assistant is None
 
     async def aclose(self) -> None:
+        self._closing = True
         task, self._task = self._task, None
         if task is not None and not task.done():
             task.cancel()

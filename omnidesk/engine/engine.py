@@ -50,7 +50,7 @@ import numpy as np
 from .executor import Executor, StageError, StepResult, stage
 from .speaker import VirtualSpeaker
 from .timeline import BargeIn, Timeline, TurnTimeline
-from .vad import Endpoint, Endpointer, OnsetCancelled, Pause, Resume, SpeechOnset, SpeechStart
+from .vad import Endpoint, Endpointer, OnsetCancelled, Pause, Resume, SpeechOnset, SpeechStart, TurnScore
 
 
 STARTUP_WINDOW_S = 1.5  # playback time over which a reply's start-up gaps are measured
@@ -247,10 +247,17 @@ class Engine:
         elif isinstance(ev, Resume):
             if self.state == TurnState.PREEMPTING:
                 await self._discard_preemptive()
+        elif isinstance(ev, TurnScore):
+            scores = self._end_of_turn()["scores"]
+            scores.append({"t": round(ev.t, 4), "silence_ms": round(ev.silence_ms, 1),
+                           "p_complete": round(ev.p_complete, 4), "decision": ev.decision,
+                           "cpu_ms": round(ev.cpu_ms, 2)})
+            self.on_update("turn", self._turn)
         elif isinstance(ev, Endpoint):
             self.last_utterance = self._trimmed_utterance(ev)
             self._turn.user_speech_end = ev.t_speech_end
             self._turn.endpoint = ev.t_endpoint
+            self._end_of_turn()["ended_by"] = ev.by
             if self.state == TurnState.PREEMPTING:
                 self.stats.preemptive_used += 1
                 self._turn.extra["preemptive"] = "used"
@@ -262,6 +269,12 @@ class Engine:
             # leaves nothing to respond with: listen again instead of waiting for a reply
             self._set_state(TurnState.RESPONDING if self._reply is not None else TurnState.LISTENING)
             self.endpointer.reset()
+
+    def _end_of_turn(self) -> dict:
+        """The turn's ``end_of_turn`` record (timeline.py): which detector decided, its scores."""
+        judge = self.endpointer.judge
+        return self._turn.extra.setdefault("end_of_turn", {"detector": judge.name if judge else "fixed",
+                                                           "ended_by": None, "scores": []})
 
     def _trimmed_utterance(self, ev: Endpoint) -> np.ndarray:
         """The user's last utterance without the endpointing silence (kept in memory only, for

@@ -100,16 +100,17 @@ class Script:
 
 async def run_script(executor: Executor, script: Script, config: EngineConfig, timeline: Timeline,
                      realtime: bool = True, endpointer_config: EndpointerConfig | None = None,
-                     on_update=None, detector=None) -> tuple[Engine | DuplexEngine, VirtualSpeaker]:
+                     on_update=None, detector=None, judge=None) -> tuple[Engine | DuplexEngine, VirtualSpeaker]:
     """``detector``: the per-frame speech detector (``omnidesk talk`` passes webrtcvad; the
-    default, an energy threshold, suits synthetic test signals)."""
+    default, an energy threshold, suits synthetic test signals).  ``judge``: an end-of-turn judge
+    (:mod:`omnidesk.engine.turn_judge`; None: the fixed silence rule); the caller closes it."""
     rate_in = session_rate(executor)
     duplex = getattr(executor, "duplex", False)
     frame_in = int(round(FRAME_S * rate_in))
     speaker = VirtualSpeaker(sample_rate=executor.sample_rate_out, block=int(round(FRAME_S * executor.sample_rate_out)),
                              capacity_s=config.max_audio_ahead_s + 2.0)
     endpointer = ScriptedEndpointer(rate_in) if script.no_vad else \
-        Endpointer(detector or EnergyVAD(), endpointer_config or EndpointerConfig(), rate_in)
+        Endpointer(detector or EnergyVAD(), endpointer_config or EndpointerConfig(), rate_in, judge=judge)
     engine = make_engine(executor, endpointer, speaker, config, timeline, on_update)
     engine.interrupt_after_s = script.interrupt_after_s
     t = 0.0

@@ -16,6 +16,13 @@ vocoder, voice, speaker or engine), ``message``, ``t`` (session time),
 ``conversation_kept`` (false when the model state had to be cleared)}.  It is
 additive: a turn without it did not fail.  Its events stop where it failed.
 
+Every turn that reached its endpoint carries ``end_of_turn`` (additive):
+{``detector`` ("fixed": the silence rule; "smart-turn-v3": the end-of-turn
+model), ``ended_by`` ("silence", "model" or "length"; null before the
+endpoint), ``scores``: [{``t``, ``silence_ms``, ``p_complete``, ``decision``
+("complete", "incomplete", "unsure"), ``cpu_ms``}, ...] (the model's verdicts
+at the turn's pauses, oldest first; empty for the fixed rule)}.
+
 Times are seconds on the session monotonic clock (0 = first input frame).
 A time that did not happen is ``None``/``null``, never invented: that is why
 :meth:`TurnTimeline.mark` records only the first occurrence and nothing fills

@@ -17,6 +17,21 @@ speech frame of a barge-in and un-duck after a cough (the SUSPECTED_BARGE_IN
 state of ARCHITECTURE.md); ``Pause`` is where PREEMPTING starts; ``Endpoint``
 ends the turn.  A forced endpoint (``max_utterance_s``) comes without a Pause.
 
+End of turn.  Without a judge the turn ends after ``endpoint_silence_ms`` of
+silence (the fixed rule).  With a :class:`TurnJudge` (a semantic end-of-turn
+model, :mod:`omnidesk.engine.turn_judge`) each pause is scored once it reaches
+``turn_min_silence_ms``, and re-scored every ``turn_rescore_ms`` while it
+grows; every verdict is a ``TurnScore`` event:
+
+* ``p_complete >= turn_complete``: the user is done, ``Endpoint`` now;
+* ``p_complete <= turn_incomplete``: a mid-sentence pause, wait up to
+  ``turn_max_wait_ms`` of silence (re-scoring meanwhile);
+* in between: the fixed rule decides.
+
+Scores are computed by the judge on its own thread (never the audio thread,
+never the model's worker); a verdict lands on the first frame after it is
+ready.  Speech resuming drops any verdict of the pause.
+
 Times are whatever clock the caller passes to :meth:`Endpointer.push` (the
 session monotonic clock); the endpointer assumes frames are contiguous.
 Nothing here uses threads; every call does O(frame) work.
@@ -126,9 +141,43 @@ class Endpoint:
     t_endpoint: float
     t_speech_end: float
     forced: bool = False
+    by: str = "silence"  # what ended it: "silence" (the fixed rule or a waited-out pause), "model", "length"
 
 
-EndpointerEvent = Union[SpeechOnset, OnsetCancelled, SpeechStart, Pause, Resume, Endpoint]
+@dataclass(frozen=True)
+class TurnScore:
+    """The end-of-turn model's verdict on a pause.  ``t`` = end of the frame it arrived in;
+    ``silence_ms`` = the pause length in the scored audio; ``decision`` is "complete",
+    "incomplete" or "unsure" (the fixed rule decides); ``cpu_ms`` = the model's compute time."""
+
+    t: float
+    t_speech_end: float
+    silence_ms: float
+    p_complete: float
+    decision: str
+    cpu_ms: float
+
+
+class TurnJudge(Protocol):
+    """Scores whether the user has finished their turn (see :mod:`omnidesk.engine.turn_judge`).
+
+    ``submit`` hands it the utterance so far (16 kHz); ``poll`` returns the (p_complete, cpu_ms)
+    of the last submission once it is ready, and None before (and after a ``discard``)."""
+
+    name: str
+    window_s: float  # how much of the utterance's end it looks at
+
+    @property
+    def pending(self) -> bool: ...
+
+    def submit(self, audio: np.ndarray) -> None: ...
+
+    def poll(self) -> tuple[float, float] | None: ...
+
+    def discard(self) -> None: ...
+
+
+EndpointerEvent = Union[SpeechOnset, OnsetCancelled, SpeechStart, Pause, Resume, TurnScore, Endpoint]
 
 
 # --------------------------------------------------------------------- config
@@ -146,6 +195,12 @@ class EndpointerConfig:
     endpoint_silence_ms: float = 400.0  # silence that ends the turn
     pre_roll_ms: float = 200.0  # audio kept before the first speech frame (soft onsets)
     max_utterance_s: float = 30.0  # speech start to forced endpoint
+    # with an end-of-turn judge (see the module docstring)
+    turn_min_silence_ms: float = 160.0  # pause length at which it is first scored
+    turn_rescore_ms: float = 200.0  # how much longer the pause grows before it is scored again
+    turn_complete: float = 0.7  # p_complete at or above: the turn ends now
+    turn_incomplete: float = 0.3  # p_complete at or below: wait up to turn_max_wait_ms
+    turn_max_wait_ms: float = 1500.0  # the longest pause a "not finished" verdict waits out
 
     def __post_init__(self):
         if self.frame_ms <= 0:
@@ -159,6 +214,10 @@ class EndpointerConfig:
             raise ValueError("preempt_silence_ms must be <= endpoint_silence_ms")
         if self.max_utterance_s <= 0:
             raise ValueError("max_utterance_s must be > 0")
+        if not 0.0 <= self.turn_incomplete <= self.turn_complete <= 1.0:
+            raise ValueError("need 0 <= turn_incomplete <= turn_complete <= 1")
+        if self.turn_max_wait_ms < self.endpoint_silence_ms:
+            raise ValueError("turn_max_wait_ms must be >= endpoint_silence_ms")
 
 
 # ----------------------------------------------------------------- endpointer
@@ -217,8 +276,9 @@ class Endpointer:
     """
 
     def __init__(self, detector: SpeechDetector, config: EndpointerConfig | None = None,
-                 sample_rate: int = SAMPLE_RATE):
+                 sample_rate: int = SAMPLE_RATE, judge: TurnJudge | None = None):
         self.detector = detector
+        self.judge = judge
         self.config = config = config or EndpointerConfig()
         self.sample_rate = sample_rate
         ms = sample_rate / 1000.0
@@ -231,6 +291,9 @@ class Endpointer:
         self._endpoint_samples = round(config.endpoint_silence_ms * ms)
         self._pre_roll_samples = round(config.pre_roll_ms * ms)
         self._max_samples = round(config.max_utterance_s * sample_rate)
+        self._turn_min_samples = round(config.turn_min_silence_ms * ms)
+        self._turn_rescore_samples = max(1, round(config.turn_rescore_ms * ms))
+        self._turn_max_samples = round(config.turn_max_wait_ms * ms)
         # A confirming run is at most speech_start + one frame long; the ring
         # must hold it plus the pre-roll before it.
         longest_run = max(self._speech_start_samples, self._barge_in_samples)
@@ -255,6 +318,14 @@ class Endpointer:
         self._silence_samples = 0
         self._speech_samples = 0  # utterance samples after the pre-roll (for max_utterance)
         self._last_speech_end: float | None = None
+        self._forget_verdict()
+
+    def _forget_verdict(self) -> None:
+        """A new pause (or turn): no verdict yet, and a score still being computed is dropped."""
+        self._verdict: str | None = None
+        self._scored_silence: int | None = None  # silence samples in the audio last submitted
+        if self.judge is not None:
+            self.judge.discard()
 
     @property
     def in_utterance(self) -> bool:
@@ -360,6 +431,8 @@ class Endpointer:
             if self._paused:
                 events.append(Resume(t))
                 self._paused = False
+            if self._silence_samples:
+                self._forget_verdict()
             self._silence_samples = 0
             self._last_speech_end = t_end
         else:
@@ -367,15 +440,40 @@ class Endpointer:
             if not self._paused and self._silence_samples >= self._preempt_samples:
                 self._paused = True
                 events.append(Pause(self._last_speech_end))
-            if self._silence_samples >= self._endpoint_samples:
+            if self.judge is not None and self._judge_pause(events, t_end):
+                events.append(Endpoint(t_end, self._last_speech_end, by="model"))
+                self.state = ENDED
+                return events
+            wait = self._turn_max_samples if self._verdict == "incomplete" else self._endpoint_samples
+            if self._silence_samples >= wait:
                 events.append(Endpoint(t_end, self._last_speech_end))
                 self.state = ENDED
                 return events
         return self._check_max(events, t_end)
 
+    def _judge_pause(self, events: list[EndpointerEvent], t_end: float) -> bool:
+        """Score the pause when due and apply a verdict that is ready; True: the turn is complete."""
+        judge, silence = self.judge, self._silence_samples
+        if not judge.pending and silence >= self._turn_min_samples and (
+                self._scored_silence is None or silence - self._scored_silence >= self._turn_rescore_samples):
+            self._scored_silence = silence
+            start = max(0, self._utt_len - round(judge.window_s * self.sample_rate))
+            judge.submit(self._utt[start: self._utt_len].copy())  # the buffer is reused: hand over a copy
+        ready = judge.poll()
+        if ready is None:
+            return False
+        p, cpu_ms = ready
+        cfg = self.config
+        self._verdict = "complete" if p >= cfg.turn_complete else "incomplete" if p <= cfg.turn_incomplete \
+            else "unsure"
+        events.append(TurnScore(t=t_end, t_speech_end=self._last_speech_end,
+                                silence_ms=self._scored_silence * 1000.0 / self.sample_rate, p_complete=p,
+                                decision=self._verdict, cpu_ms=cpu_ms))
+        return self._verdict == "complete"
+
     def _check_max(self, events: list[EndpointerEvent], t_end: float) -> list[EndpointerEvent]:
         if self.state == SPEAKING and self._speech_samples >= self._max_samples:
-            events.append(Endpoint(t_end, self._last_speech_end, forced=True))
+            events.append(Endpoint(t_end, self._last_speech_end, forced=True, by="length"))
             self.state = ENDED
         return events
 

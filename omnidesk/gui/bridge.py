@@ -21,6 +21,7 @@ that notes where each exchange starts in the assistant's running text
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import logging
 import threading
@@ -53,6 +54,28 @@ class TurnView:
     preemptive: str | None = None
     paused_at: float | None = None  # voice barge-in: when playback was paused at the speech onset
     failed: str | None = None  # the turn failed: what went wrong, in words (the turn was dropped)
+    end_of_turn: dict | None = None  # a copy of the turn's end_of_turn record (timeline.py): detector, scores
+
+    @property
+    def end_of_turn_text(self) -> str | None:
+        """What ended the user's turn, for the overlay: "turn complete 0.93 at +180 ms (Smart Turn)",
+        "silence 400 ms", or while the user pauses, the model's latest verdict."""
+        record = self.end_of_turn
+        if not record:
+            return None
+        scores = record.get("scores") or []
+        last = scores[-1] if scores else None
+        verdict = (f"turn {last['decision']} {last['p_complete']:.2f} at +{last['silence_ms']:.0f} ms"
+                   if last else None)
+        by = record.get("ended_by")
+        if by == "model":
+            return f"{verdict} (Smart Turn)"
+        if by == "length":
+            return "ended at the utterance length limit"
+        if by == "silence" and self.endpoint is not None and self.user_speech_end is not None:
+            waited = f"silence {(self.endpoint - self.user_speech_end) * 1000:.0f} ms"
+            return waited + (f" (model: {verdict})" if verdict else "")
+        return verdict
 
     @property
     def user_speech_s(self) -> float | None:
@@ -245,7 +268,8 @@ class EngineBridge(QObject):
                         played_audio_s=float(turn.played_audio_s),
                         done=final and not turn.interrupted and failed is None, failed=failed,
                         interrupted=bool(turn.interrupted), barge_in=barge_in, heard_text=heard,
-                        preemptive=turn.extra.get("preemptive"), paused_at=turn.extra.get("playback_paused"))
+                        preemptive=turn.extra.get("preemptive"), paused_at=turn.extra.get("playback_paused"),
+                        end_of_turn=copy.deepcopy(turn.extra.get("end_of_turn")))
 
     def _post_turn(self, view: TurnView) -> None:
         with self._lock:

@@ -62,6 +62,8 @@ def plain_message(exc: BaseException, doing: str) -> str:
                 "Check it with 'omnidesk models verify', or pick another model.")
     if name == "DeviceError":  # --device names something this machine cannot run on; the message says what to use
         return as_sentence(_first_line(text))
+    if name == "TurnModelUnavailable":  # "Smart Turn model" picked but not installed: the message says what to install
+        return as_sentence(_first_line(text)) + " Or choose Auto or Silence under End of turn."
     if name == "AudioDeviceError":
         return as_sentence(_first_line(text))  # the audio layer already names the device in plain words
     if name == "EchoCancellerUnavailable":

@@ -30,7 +30,7 @@ from omnidesk.engine.engine import Engine, EngineConfig, EngineStats, EngineThre
 from omnidesk.engine.rates import TimedExecutor
 from omnidesk.engine.speaker import VirtualSpeaker
 from omnidesk.engine.timeline import Timeline
-from omnidesk.engine.vad import Endpointer, level_dbfs
+from omnidesk.engine.vad import level_dbfs
 
 log = logging.getLogger("omnidesk.gui")
 
@@ -51,6 +51,7 @@ class FileMicSession:
         self._on_update = on_update or (lambda kind, payload: None)
         self.realtime = realtime
         self.engine: Engine | DuplexEngine | None = None
+        self._judge = None  # the end-of-turn judge (its thread), closed with the session
         self.speaker: VirtualSpeaker | None = None
         self._thread: EngineThread | None = None
         self._run_future = None
@@ -98,6 +99,9 @@ class FileMicSession:
                 except Exception:
                     log.exception("stopping the reply at close failed")
             self.engine.close()
+        if self._judge is not None:
+            self._judge.close()
+            self._judge = None
         if self._thread is not None:
             self._thread.stop()
 
@@ -145,7 +149,10 @@ class FileMicSession:
         # the same speech detection and endpointing as on a microphone
         rate = session_rate(ex)
         detector = WebRtcVAD(self.settings.vad_aggressiveness, rate)
-        endpointer = Endpointer(detector, self.settings.endpointer_config(), rate)
+        # off real time the end-of-turn model scores inline: its verdict lands where it would live
+        endpointer = self.settings.make_endpointer(detector, rate, duplex=getattr(ex, "duplex", False),
+                                                   blocking=not self.realtime)
+        self._judge = endpointer.judge
         self.engine = make_engine(ex, endpointer, self.speaker, self.engine_config, self.timeline, self._on_update)
         self.engine.interrupt_after_s, self._interrupt_after_s = self._interrupt_after_s, None
 

@@ -56,8 +56,14 @@ log = logging.getLogger("omnidesk.gui")
 
 PAINT_HZ = 15
 INTERRUPTED_FLASH_S = 1.5  # how long "Interrupted" stays up after a cut
+DUPLEX_RECOVERED_FRAMES = 13  # a duplex model stepping this many frames (~1 s) after a failure works again
 CHOOSE_FOLDER = "\x00choose-folder"  # model picker item that opens a folder dialog
 STOP_TIP = "Stop the reply now (Esc): same as cutting in by voice"
+END_OF_TURN_ITEMS = (("Auto (model when installed)", "auto"), ("Smart Turn model", "smart"),
+                     ("Silence (400 ms)", "fixed"))
+END_OF_TURN_TIP = ("When your turn is over. The Smart Turn model listens to how a sentence ends: it answers "
+                   "about 200 ms after a finished question and waits through a pause mid-sentence (up to 1.5 s). "
+                   "Silence: the turn ends after 400 ms without speech.")
 STOP_TIP_DUPLEX = ("Stop the assistant now (Esc): what is playing is dropped and it stays muted until it has "
                    "finished the sentence it was saying")
 INTERRUPT_AFTER_TIP = "Cut the current or next reply this long after it starts playing"
@@ -87,7 +93,9 @@ def live_settings(settings: Settings) -> LiveSettings:
     """The audio layer's LiveSettings from what the window remembers."""
     return LiveSettings(input_device=settings.input_device if settings.input_device != SOUND_FILES else None,
                         output_device=settings.output_device, headphones=settings.headphones,
-                        push_to_talk=settings.push_to_talk)
+                        push_to_talk=settings.push_to_talk, end_of_turn=settings.end_of_turn,
+                        turn_complete=settings.turn_complete, turn_incomplete=settings.turn_incomplete,
+                        turn_max_wait_ms=settings.turn_max_wait_ms)
 
 
 class _SpaceToTalk(QObject):
@@ -158,6 +166,7 @@ class MainWindow(QMainWindow):
         self.duplex: DuplexShown | None = None  # the latest view of a full-duplex conversation
         self._interrupted_until = 0.0
         self._failed_turn: int | None = None  # the turn whose failure the error banner shows
+        self._failed_frames: int | None = None  # a duplex model's frame count when a step failed
         self._pending_say = None  # audio to say once the sound-file session is up
         self._catalog: list[CatalogEntry] = []
         self._closing = False
@@ -217,6 +226,13 @@ class MainWindow(QMainWindow):
         self.mode_picker.setCurrentIndex(1 if self.settings.push_to_talk else 0)
         self.mode_picker.currentIndexChanged.connect(self._on_mode_changed)
         form.addRow("&Mode", self.mode_picker)
+        self.end_of_turn_picker = QComboBox()
+        for label, value in END_OF_TURN_ITEMS:
+            self.end_of_turn_picker.addItem(label, value)
+        self.end_of_turn_picker.setCurrentIndex(max(0, self.end_of_turn_picker.findData(self.settings.end_of_turn)))
+        self.end_of_turn_picker.setToolTip(END_OF_TURN_TIP)
+        self.end_of_turn_picker.activated.connect(self._on_end_of_turn_changed)
+        form.addRow("&End of turn", self.end_of_turn_picker)
         buttons = QHBoxLayout()
         self.mute_button = QPushButton("M&ute")
         self.mute_button.setCheckable(True)
@@ -518,6 +534,12 @@ class MainWindow(QMainWindow):
             self.settings.output_device = value
             self.open_session()
 
+    def _on_end_of_turn_changed(self, index: int) -> None:
+        value = self.end_of_turn_picker.itemData(index)
+        if value != self.settings.end_of_turn:
+            self.settings.end_of_turn = value
+            self.open_session()  # the endpointer is the session's: a new one decides from now on
+
     def _on_headphones_changed(self, index: int) -> None:
         on = bool(self.output_kind.itemData(index))
         self.settings.headphones = on
@@ -619,6 +641,8 @@ class MainWindow(QMainWindow):
         if view is not None:
             self._show_turn(view)
         self._failed_turn = view.number if view is not None else 0
+        if view is None:  # a duplex step: no turn to wait for, the model's next good frames clear it
+            self._failed_frames = self.duplex.view.frames if self.duplex is not None else 0
         self.error_banner.show_message(as_sentence(message) + " Details are in the log.",
                                        {"Open the log": self.open_log})
 
@@ -628,6 +652,12 @@ class MainWindow(QMainWindow):
 
     def _on_duplex(self, shown: DuplexShown) -> None:
         self.duplex = shown
+        # a failed duplex step restarted the model's stream: once it has stepped a second again
+        # without failing, the banner has said what it had to
+        if self._failed_turn is not None and self._failed_frames is not None \
+                and shown.view.frames >= self._failed_frames + DUPLEX_RECOVERED_FRAMES:
+            self._failed_turn = self._failed_frames = None
+            self.error_banner.hide()
         self.transcript.show_duplex(shown)
         self.overlay.show_duplex(shown)
 

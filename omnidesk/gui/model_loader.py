@@ -59,16 +59,22 @@ class CatalogEntry:
 
 
 def catalog(find=None) -> list[CatalogEntry]:
-    """Everything the model picker can offer: cached/found checkpoints, then the demo model."""
+    """Everything the model picker can offer: cached/found checkpoints, then each family's demo
+    (made on first use)."""
+    from omnidesk.models.families import FAMILIES
+
     if find is None:
         from omnidesk.models.inventory import find_checkpoints as find
     entries = []
     for info in find():
         if info.demo:
-            continue  # the demo entry below stands for every demo checkpoint
+            continue  # the demo entries below stand for every demo checkpoint
         label = info.name if info.loads else f"{info.name} (damaged)"
         entries.append(CatalogEntry(info.name, label, info.loads))
-    entries.append(CatalogEntry(DEMO, "Demo model (replies are noise)", True, demo=True))
+    for f in FAMILIES:
+        label = ("Demo model" if f.demo_name == DEMO else f"{f.title} demo"
+                 + (" (full duplex)" if f.duplex else "")) + " (replies are noise)"
+        entries.append(CatalogEntry(f.demo_name, label, True, demo=True))
     return entries
 
 

@@ -103,8 +103,15 @@ class LatencyOverlay(QWidget):
         self.v2v.setAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
         self.v2v.setMinimumWidth(self.v2v.fontMetrics().horizontalAdvance("00000 ms"))
         self.v2v_caption.setAlignment(Qt.AlignmentFlag.AlignRight)
+        self.end_of_turn = QLabel("")  # what ended the user's turn (the end-of-turn model's verdict)
+        self.end_of_turn.setStyleSheet(f"color: {DIM.name()}")
+        self.end_of_turn.setAccessibleName("End of turn")
+        title = QVBoxLayout()
+        title.setSpacing(0)
+        title.addWidget(self.turn_label)
+        title.addWidget(self.end_of_turn)
         head = QHBoxLayout()
-        head.addWidget(self.turn_label, 0, Qt.AlignmentFlag.AlignTop)
+        head.addLayout(title)
         head.addStretch(1)
         number = QVBoxLayout()
         number.setSpacing(0)
@@ -236,10 +243,12 @@ class LatencyOverlay(QWidget):
         self.bar.set_turn(cur)
         if cur is None:
             self.turn_label.setText("No turn yet: say something")
+            self.end_of_turn.setText("")
             self.v2v.setText("–")
         else:
             state = "cut" if cur.interrupted else ("done" if cur.done else "in progress")
             self.turn_label.setText(f"Turn {cur.number} ({state})")
+            self.end_of_turn.setText(cur.end_of_turn_text or "")
             # while a reply is being prepared, keep the previous turn's number: an empty number flickers
             shown = cur if cur.voice_to_voice_s is not None else self._last_measured()
             self.v2v.setText(_ms(shown.voice_to_voice_s) if shown else "–")
@@ -257,6 +266,7 @@ class LatencyOverlay(QWidget):
     def _render_duplex(self) -> None:
         v = self.duplex_shown.view if self.duplex_shown is not None else None
         values = self.duplex_values
+        self.end_of_turn.setText("")  # a duplex model has no turns to end
         if v is None:
             self.turn_label.setText("Full duplex: say something")
             self.v2v_caption.setText("step time p50")

@@ -96,6 +96,31 @@ class Settings:
     def push_to_talk(self, value: bool) -> None:
         self._set("audio/push_to_talk", bool(value))
 
+    # end of turn (omnidesk.engine.turn_judge) ---------------------------------------
+    @property
+    def end_of_turn(self) -> str:
+        """"auto" (the Smart Turn model when installed), "smart" or "fixed" (the silence rule)."""
+        value = self._get("turn/end_of_turn", "auto", str)
+        return value if value in ("auto", "smart", "fixed") else "auto"
+
+    @end_of_turn.setter
+    def end_of_turn(self, value: str) -> None:
+        self._set("turn/end_of_turn", value)
+
+    @property
+    def turn_complete(self) -> float:
+        """Smart Turn probability at or above which a pause ends the turn at once."""
+        return self._get("turn/complete", 0.7, float)
+
+    @property
+    def turn_incomplete(self) -> float:
+        """Smart Turn probability at or below which a pause is waited out (up to turn_max_wait_ms)."""
+        return self._get("turn/incomplete", 0.3, float)
+
+    @property
+    def turn_max_wait_ms(self) -> int:
+        return self._get("turn/max_wait_ms", 1500, int)
+
     # interruption testing and overlay ---------------------------------------------
     @property
     def interrupt_after_ms(self) -> int:

@@ -161,7 +161,7 @@ def _qwen_dtype(root: Path) -> str | None:
 
 
 def _qwen_input_rate(root: Path) -> int:
-    from .qwen2_5_omni.features import FeatureConfig
+    from .features import FeatureConfig
 
     try:
         return FeatureConfig.from_preprocessor_config(root).sampling_rate

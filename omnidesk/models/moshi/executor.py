@@ -25,6 +25,7 @@ folder.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,9 +34,9 @@ import torch
 
 from ...engine.duplex import DuplexExecutor, DuplexStep
 from ...engine.executor import stage
-from ..checkpoint import CheckpointError, ConfigError, ModelTooLargeError
+from ..checkpoint import DEFAULT_DEVICE_DTYPE, CheckpointError, ConfigError, ModelTooLargeError
 from .config import MoshiConfig, MoshiSampling
-from .lm import DEFAULT_DEVICE_DTYPE, MoshiLM, MoshiLMGen, load_moshi_lm, weight_map
+from .lm import MoshiLM, MoshiLMGen, load_moshi_lm, weight_map
 from .mimi import MIMI, Mimi, MimiConfig, load_mimi
 from .mimi import weight_map as mimi_weight_map
 from .tokenizer import MoshiTokenizer
@@ -43,7 +44,7 @@ from .tokenizer import MoshiTokenizer
 # Below this many LM parameters the per-frame step is a few hundred tiny ops: on the CPU each
 # costs its fixed overhead, and with several intra-op threads every op also pays a fork/join
 # barrier (which a busy machine stalls).  One thread measured several times faster for the
-# demo sizes; a real 7B on the CPU keeps torch's default threads for its large matmuls.
+# demo sizes; a real 7B on the CPU uses all cores but one for its large matmuls.
 SMALL_MODEL_PARAMS = 50_000_000
 
 
@@ -238,8 +239,12 @@ def load_moshi(path: str | Path, device: str | torch.device = "cpu", dtype: torc
     tokenizer = MoshiTokenizer.from_file(root / cfg.tokenizer_name)
     lm = load_moshi_lm(root / cfg.moshi_name, cfg, device=device, dtype=dtype)
     mimi = load_mimi(root / cfg.mimi_name, device=device, dtype=torch.float32, config=mimi_cfg)
-    if device.type == "cpu" and sum(p.numel() for p in lm.parameters()) < SMALL_MODEL_PARAMS:
-        torch.set_num_threads(1)  # see SMALL_MODEL_PARAMS: tiny ops run fastest on one thread
+    if device.type == "cpu":
+        # torch's thread count is process-wide: set it for this model whatever a model loaded before
+        # set (the window switches models).  Tiny ops run fastest on one thread (SMALL_MODEL_PARAMS);
+        # large ones leave a core to the event loop and the audio thread, as the Qwen executor does.
+        small = sum(p.numel() for p in lm.parameters()) < SMALL_MODEL_PARAMS
+        torch.set_num_threads(1 if small else max(1, (os.cpu_count() or 2) - 1))
     sampling = cfg.sampling if not greedy else MoshiSampling(
         greedy=True, text_temperature=cfg.sampling.text_temperature, text_top_k=cfg.sampling.text_top_k,
         audio_temperature=cfg.sampling.audio_temperature, audio_top_k=cfg.sampling.audio_top_k)

@@ -35,9 +35,9 @@ import numpy as np
 import torch
 
 from ...engine.executor import Executor, Rollback, stage
+from ..features import log_mel
 from ..kv_cache import CacheFullError
 from ..sampling import Sampler, SamplingParams
-from .features import log_mel
 from .loading import OmniStack
 from .reply import SPEECH_SYSTEM_PROMPT, talker_defaults, thinker_stop_ids
 from .talker import ReplyFeed

@@ -24,8 +24,8 @@ from torch import nn
 from ..checkpoint import (DEFAULT_DEVICE_DTYPE, CheckpointError, ConfigError, MappingReport, ModelTooLargeError,
                           Target, copy_tensors, match_tensors, materialize, read_safetensors_header, require_file,
                           resolve_checkpoint, weight_files)
+from ..features import FeatureConfig
 from .config import DecoderConfig, OmniConfig
-from .features import FeatureConfig
 from .talker import Talker
 from .thinker import Thinker
 from .tokenizer import Tokenizer

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import torch
 
-from .features import log_mel
-from .loading import OmniStack
+from ..features import log_mel
 from ..sampling import SamplingParams
+from .loading import OmniStack
 
 # The system prompt the reference requires for speech output (FACTS.md).
 SPEECH_SYSTEM_PROMPT = ("You are Qwen, a virtual human developed by the Qwen Team, Alibaba Group, capable of "

@@ -1,0 +1,100 @@
+"""The end-of-turn judge: a semantic end-of-turn model scored off the audio and model threads.
+
+The :class:`~omnidesk.engine.vad.Endpointer` asks at each pause whether the
+user has finished (see its module docstring for the policy).  The model is
+Smart Turn v3 (:mod:`omnidesk.engine.smart_turn`, optional: onnxruntime plus
+the model file from the pipecat-ai wheel).  It runs on one thread of its own:
+the audio callback only copies, the model's worker only steps the model, so a
+score (tens of milliseconds on a CPU) never delays either.  In a paced run
+that is not real time (``omnidesk talk --fast``) the judge scores inline
+instead (``blocking``), so the verdict lands at the same session time as it
+would live with an instant model, and a run is reproducible.
+
+:func:`make_judge` picks it from the user's setting: "smart" (required),
+"fixed" (none: the fixed silence rule), "auto" (smart when installed).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import time
+
+import numpy as np
+
+log = logging.getLogger("omnidesk.engine")
+
+END_OF_TURN_CHOICES = ("auto", "smart", "fixed")
+
+
+class SmartTurnJudge:
+    """:class:`~omnidesk.engine.vad.TurnJudge` over a loaded Smart Turn model."""
+
+    name = "smart-turn-v3"
+
+    def __init__(self, model, blocking: bool = False):
+        self.model = model
+        self.window_s = model.window_samples / model.cfg.sampling_rate  # what the model looks at (8 s)
+        self.blocking = blocking
+        self._pool = None if blocking else concurrent.futures.ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="end-of-turn")
+        self._future: concurrent.futures.Future | None = None
+        self._ready: tuple[float, float] | None = None
+
+    def _score(self, audio: np.ndarray) -> tuple[float, float]:
+        t0 = time.thread_time()  # CPU time of this thread: what the score costs, not how long it waited
+        p = float(self.model.score(audio))
+        return p, (time.thread_time() - t0) * 1000.0
+
+    @property
+    def pending(self) -> bool:
+        return self._future is not None and not self._future.done()
+
+    def submit(self, audio: np.ndarray) -> None:
+        self._ready = None
+        if self.blocking:
+            self._ready = self._score(audio)
+        else:
+            self._future = self._pool.submit(self._score, audio)
+
+    def poll(self) -> tuple[float, float] | None:
+        if self._future is not None and self._future.done():
+            future, self._future = self._future, None
+            try:
+                self._ready = future.result()
+            except Exception:  # noqa: BLE001 - a failed score is no verdict: the fixed rule decides
+                log.exception("end-of-turn scoring failed; the fixed silence rule decides this pause")
+                self._ready = None
+        ready, self._ready = self._ready, None
+        return ready
+
+    def discard(self) -> None:
+        """Forget a verdict not yet taken; a score being computed finishes unread."""
+        self._future = None
+        self._ready = None
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def make_judge(choice: str = "auto", blocking: bool = False) -> SmartTurnJudge | None:
+    """The judge for an end-of-turn setting: None for "fixed", or for "auto" when Smart Turn is
+    not installed (logged once).  "smart" raises TurnModelUnavailable (it says what to install)."""
+    if choice not in END_OF_TURN_CHOICES:
+        raise ValueError(f"end of turn must be one of {', '.join(END_OF_TURN_CHOICES)}, got {choice!r}")
+    if choice == "fixed":
+        return None
+    from .smart_turn import SmartTurn, TurnModelUnavailable
+
+    try:
+        model = SmartTurn.load()
+    except TurnModelUnavailable as e:
+        if choice == "smart":
+            raise
+        log.info("end of turn: fixed silence rule (%s)", e)
+        return None
+    return SmartTurnJudge(model, blocking=blocking)
+
+
+__all__ = ["END_OF_TURN_CHOICES", "SmartTurnJudge", "make_judge"]

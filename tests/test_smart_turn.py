@@ -1,0 +1,230 @@
+"""Smart Turn v3 end-of-turn classifier (omnidesk/engine/smart_turn.py).
+
+Model tests need the optional extra (onnxruntime + pipecat-ai installed with --no-deps)
+and skip without it; the error-message tests run everywhere.  The references are
+pipecat's own numpy feature code (loaded from its file: importing the ``pipecat``
+package would need loguru and more) and transformers' WhisperFeatureExtractor
+configured as Smart Turn's preprocessing (chunk_length=8, 80 mels, do_normalize).
+"""
+
+import importlib.metadata
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+import wave
+
+import numpy as np
+import pytest
+
+from omnidesk.engine import smart_turn
+from omnidesk.engine.smart_turn import DISTRIBUTION, MODEL_FILE, SmartTurn, TurnModelUnavailable
+
+SR = 16000
+WINDOW = 8 * SR
+VOICES = ["en-us", "en-gb", "en-gb-x-rp"]
+COMPLETE = "Can you tell me the weather in Paris today?"
+CUT = "Can you tell me the weather in"
+
+
+@pytest.fixture(scope="module")
+def turn():
+    pytest.importorskip("onnxruntime", reason="optional extra not installed: pip install onnxruntime")
+    try:
+        importlib.metadata.distribution(DISTRIBUTION)
+    except importlib.metadata.PackageNotFoundError:
+        pytest.skip(f"optional extra not installed: pip install --no-deps {DISTRIBUTION}")
+    return SmartTurn.load()
+
+
+@pytest.fixture(scope="module")
+def pipecat_features(turn):
+    """pipecat's ``_whisper_features`` module, loaded from its file (it only needs numpy)."""
+    path = importlib.metadata.distribution(DISTRIBUTION).locate_file(
+        "pipecat/audio/turn/smart_turn/_whisper_features.py")
+    spec = importlib.util.spec_from_file_location("pipecat_whisper_features_ref", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def reference_window(audio: np.ndarray) -> np.ndarray:
+    """Smart Turn's input window: the last 8 s, zero-padded at the start."""
+    audio = audio[-WINDOW:]
+    return np.pad(audio, (WINDOW - len(audio), 0))
+
+
+def espeak(text: str, voice: str, tmp_path) -> np.ndarray:
+    import soxr
+
+    path = tmp_path / f"{voice}-{len(text)}.wav"
+    subprocess.run([shutil.which("espeak-ng"), "-v", voice, "-w", str(path), text],
+                   check=True, timeout=30, capture_output=True)
+    with wave.open(str(path)) as w:
+        rate = w.getframerate()
+        x = np.frombuffer(w.readframes(w.getnframes()), dtype="<i2").astype(np.float32) / 32768.0
+    return soxr.resample(x, rate, SR).astype(np.float32)
+
+
+def at_pause(speech: np.ndarray, lead: float = 0.5, pause: float = 0.2) -> np.ndarray:
+    """Speech as the endpointer would score it: espeak's silence trimmed, 0.5 s before, 200 ms pause after."""
+    loud = np.flatnonzero(np.abs(speech) > 1e-3)
+    speech = speech[loud[0]:loud[-1] + 1]
+    return np.concatenate([np.zeros(int(lead * SR), np.float32), speech, np.zeros(int(pause * SR), np.float32)])
+
+
+@pytest.fixture(scope="module")
+def espeak_pairs(tmp_path_factory):
+    """voice -> (complete, cut) utterances at a 200 ms pause, 16 kHz float32."""
+    if shutil.which("espeak-ng") is None:
+        pytest.skip("espeak-ng not installed (apt-get install espeak-ng)")
+    tmp = tmp_path_factory.mktemp("smart-turn-espeak")
+    return {v: (at_pause(espeak(COMPLETE, v, tmp)), at_pause(espeak(CUT, v, tmp))) for v in VOICES}
+
+
+def signals():
+    rng = np.random.default_rng(0)
+    t = np.arange(11 * SR) / SR
+    voiced = (0.3 * np.sin(2 * np.pi * 150 * t) * (0.6 + 0.4 * np.sin(2 * np.pi * 3 * t))
+              + 0.01 * rng.standard_normal(t.shape)).astype(np.float32)
+    # shorter than the window (padded at the start), exactly 8 s, longer (keeps the end), tiny
+    return {"1.3s": voiced[:int(1.3 * SR)], "8s": voiced[:WINDOW], "11s": voiced, "0.01s": voiced[:160]}
+
+
+@pytest.fixture(scope="module")
+def transformers_features():
+    """transformers' WhisperFeatureExtractor as Smart Turn's preprocessing configures it."""
+    transformers = pytest.importorskip("transformers")
+    fe = transformers.WhisperFeatureExtractor(feature_size=80, chunk_length=8)
+
+    def features(audio):
+        return fe(reference_window(audio), sampling_rate=SR, return_tensors="np", padding="max_length",
+                  max_length=WINDOW, truncation=True, do_normalize=True).input_features[0]
+
+    return features
+
+
+@pytest.fixture(scope="module")
+def cases(espeak_pairs):
+    out = dict(signals())
+    out.update({f"{v}-{k}": a for v, pair in espeak_pairs.items() for k, a in zip(("complete", "cut"), pair)})
+    return out
+
+
+def run_model(turn, features):
+    return float(turn.session.run(None, {"input_features": features[None]})[0][0, 0])
+
+
+@pytest.mark.parametrize("name", ["1.3s", "8s", "11s", "0.01s"])
+def test_features_match_transformers(turn, transformers_features, name):
+    audio = signals()[name]
+    ours = turn.features(audio)
+    assert ours.shape == (80, 800) and ours.dtype == np.float32
+    # both run the same float32 torch STFT and mel projection: equal to the last bit today
+    np.testing.assert_allclose(ours, transformers_features(audio), rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["1.3s", "8s", "11s", "0.01s"])
+def test_features_match_pipecat(turn, pipecat_features, name):
+    """pipecat's runtime feature code (what LocalSmartTurnAnalyzerV3 feeds the model)."""
+    audio = signals()[name]
+    ref = pipecat_features.compute_whisper_log_mel_features(reference_window(audio), do_normalize=True)
+    # pipecat computes the spectrogram in float64, we in float32: up to ~1.2e-5 apart, in spectral dips
+    np.testing.assert_allclose(turn.features(audio), ref, rtol=0, atol=5e-5)
+
+
+def test_probability_matches_reference_pipeline(turn, transformers_features, cases):
+    # Against transformers' features only: the int8 model is so sensitive that pipecat's float64
+    # features (within 1.2e-5 of ours) move the probability by up to ~0.3 on these inputs, and a
+    # 1e-6 perturbation of the features moves it by as much.
+    for name, audio in cases.items():
+        p = turn.score(audio)
+        assert 0.0 <= p <= 1.0, (name, p)
+        assert abs(p - run_model(turn, transformers_features(audio))) < 1e-5, name
+
+
+@pytest.mark.xfail(strict=False, reason=(
+    "Smart Turn v3.2 does not separate espeak-ng speech: the cut phrase scores ~0.8-0.97 "
+    "'complete', above the full question (~0.6-0.75) for these three voices; over 6 voices, "
+    "3 rates and 4 sentences it ranks complete above cut about half the time"))
+@pytest.mark.parametrize("voice", VOICES)
+def test_complete_scores_above_cut_on_espeak(turn, espeak_pairs, voice):
+    complete, cut = espeak_pairs[voice]
+    assert turn.score(complete) > turn.score(cut)
+
+
+def test_describe_and_available(turn):
+    assert SmartTurn.available()
+    text = turn.describe()
+    assert "smart-turn-v3.2-cpu.onnx" in text and DISTRIBUTION in text and "onnxruntime" in text
+
+
+def test_score_rejects_bad_audio(turn):
+    with pytest.raises(ValueError, match="1-D"):
+        turn.score(np.zeros((2, SR), np.float32))
+    with pytest.raises(TypeError, match="float"):
+        turn.score(np.zeros(SR, np.int16))
+
+
+# ---------------------------------------------------------------- errors (no extra needed)
+
+
+def fake_distribution(root, files: dict[str, bytes], record: str | None = None):
+    """A pipecat-ai 9.9 distribution in ``root`` with the given files and RECORD."""
+    info = root / "pipecat_ai-9.9.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {DISTRIBUTION}\nVersion: 9.9\n")
+    for rel, data in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_bytes(data)
+    (info / "RECORD").write_text(record if record is not None else "".join(f"{rel},,\n" for rel in files))
+    return importlib.metadata.PathDistribution(info)
+
+
+def test_missing_pipecat_names_the_install(monkeypatch):
+    def missing(name):
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(smart_turn.importlib.metadata, "distribution", missing)
+    with pytest.raises(TurnModelUnavailable, match="pip install --no-deps pipecat-ai"):
+        smart_turn.bundled_model()
+    assert not SmartTurn.available()
+
+
+def test_missing_onnxruntime_names_the_install(monkeypatch):
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)  # makes `import onnxruntime` raise ImportError
+    with pytest.raises(TurnModelUnavailable, match="pip install onnxruntime"):
+        SmartTurn.load()
+
+
+def test_missing_or_damaged_model_file(monkeypatch, tmp_path):
+    # pipecat-ai installed, but a version without the file
+    dist = fake_distribution(tmp_path / "a", {"pipecat/__init__.py": b""})
+    monkeypatch.setattr(smart_turn.importlib.metadata, "distribution", lambda name: dist)
+    with pytest.raises(TurnModelUnavailable, match="does not list .*smart-turn-v3.2-cpu.onnx"):
+        smart_turn.bundled_model()
+
+    # listed in RECORD, deleted from disk
+    dist = fake_distribution(tmp_path / "b", {MODEL_FILE: b"x"})
+    os.remove(tmp_path / "b" / MODEL_FILE)
+    monkeypatch.setattr(smart_turn.importlib.metadata, "distribution", lambda name: dist)
+    with pytest.raises(TurnModelUnavailable, match="missing .*--force-reinstall --no-deps pipecat-ai==9.9"):
+        smart_turn.bundled_model()
+
+    # present, but not what the wheel's RECORD says (truncated download, edited file)
+    record = f"{MODEL_FILE},sha256=AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA,1\n"
+    dist = fake_distribution(tmp_path / "c", {MODEL_FILE: b"not onnx"}, record)
+    monkeypatch.setattr(smart_turn.importlib.metadata, "distribution", lambda name: dist)
+    with pytest.raises(TurnModelUnavailable, match="damaged .*--force-reinstall --no-deps pipecat-ai==9.9"):
+        smart_turn.bundled_model()
+
+
+def test_explicit_path_errors(tmp_path):
+    pytest.importorskip("onnxruntime", reason="optional extra not installed: pip install onnxruntime")
+    with pytest.raises(TurnModelUnavailable, match="not found"):
+        SmartTurn.load(tmp_path / "absent.onnx")
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(b"not an onnx model")
+    with pytest.raises(TurnModelUnavailable, match="damaged"):
+        SmartTurn.load(bad)
