@@ -487,6 +487,7 @@ def cmd_live(args) -> int:
 
     from omnidesk.audio.aec import EchoCancellerUnavailable
     from omnidesk.audio.session import LiveSession, LiveSettings
+    from omnidesk.engine.smart_turn import TurnModelUnavailable
     from omnidesk.engine.engine import EngineConfig
     from omnidesk.engine.talk import LATENCY_HEADER, latency_row
     from omnidesk.engine.timeline import Timeline
@@ -531,8 +532,13 @@ def cmd_live(args) -> int:
         raise UsageError(f"{e} (see `omnidesk live --list-devices`)") from None
     except EchoCancellerUnavailable as e:
         raise UsageError(f"{e} (--headphones)") from None
+    except TurnModelUnavailable as e:
+        raise UsageError(f"--end-of-turn smart: {e}") from None
+    detector = getattr(session, "end_of_turn", None)  # "fixed", "smart-turn-v3"
+    turn_end = "" if prepared.duplex or detector is None else \
+        f"; end of turn: {'silence (400 ms)' if detector == 'fixed' else 'the Smart Turn model'}"
     print(f"listening on {session.audio.describe()}; echo cancellation "
-          f"{'off (headphones)' if args.headphones else 'on'}. Speak; Ctrl-C to stop.")
+          f"{'off (headphones)' if args.headphones else 'on'}{turn_end}. Speak; Ctrl-C to stop.")
     if not prepared.duplex:
         print(LATENCY_HEADER, flush=True)
     try:

@@ -459,3 +459,24 @@ def test_live_returns_1_after_an_error_and_writes_the_timeline(capsys, monkeypat
     rc, out, err = run_cli(capsys, "--model", "demo", "live", "--timeline", timeline, "--duration", "5")
     assert rc == 1 and timeline.is_file()
     assert one_error_line(err) == "error: the microphone went away; check the device and press Retry"
+
+
+def test_end_of_turn_choice_is_said_and_smart_without_its_packages_is_a_user_error(capsys, monkeypatch, tmp_path,
+                                                                                   fast_load):
+    import importlib.metadata
+
+    out_wav, timeline = tmp_path / "o.wav", tmp_path / "t.json"
+    argv = ("--model", "demo", "talk", "--input", QUESTION, "--output", out_wav, "--timeline", timeline, "--fast",
+            "--greedy", "--max-text-tokens", "2", "--max-codec-tokens", "30")
+    rc, out, _ = run_cli(capsys, *argv, "--end-of-turn", "fixed")
+    assert rc == 0 and "end of turn: silence (400 ms)" in out
+    assert json.loads(timeline.read_text())["turns"][0]["end_of_turn"]["detector"] == "fixed"
+
+    def missing(name):  # as on a machine without the optional model file
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.metadata, "distribution", missing)
+    rc, _, err = run_cli(capsys, *argv, "--end-of-turn", "smart")
+    assert rc == 2 and "pip install --no-deps pipecat-ai" in one_error_line(err)
+    rc, out, _ = run_cli(capsys, *argv)  # auto: the silence rule, and it says why
+    assert rc == 0 and "end of turn: silence (400 ms) (the Smart Turn model is not installed)" in out

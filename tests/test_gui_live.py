@@ -89,7 +89,7 @@ def test_window_runs_the_moshi_demo_on_live_devices(qtbot, tmp_path, monkeypatch
     assert type(session).__name__ == "LiveSession" and type(session.engine).__name__ == "DuplexEngine"
     assert session.aec is not None and not session.aec.bypass  # speakers: echo cancellation on
     assert w.demo_banner.isVisible() and "Moshi demo model" in w.demo_banner.text
-    # the echo canceller's start-up (see tests/test_live_moshi.py): speak once the model has talked a while
+    # speak once the model has talked a while: the user talks over it
     qtbot.waitUntil(lambda: session.audio.speaker.playhead >= 1.5 * session.audio.speaker.sample_rate,
                     timeout=20000)
 

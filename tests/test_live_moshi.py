@@ -11,10 +11,9 @@ Timing checks compare recorded clocks only (the session's sample clock, the reco
 counts, the wall time of the status callbacks), with loose bounds; nothing depends on how
 precisely a sleep wakes up.  Each test takes 10-20 s.
 
-Known and left alone: the user's speech in the first ~1.2 s of the assistant's voice after the
-echo canceller is made is suppressed by 10-60 dB (AEC3's start-up, despite its warm-up in aec.py;
-a turn-based reply never starts that early, a duplex model talks from its first frame).  So every
-question here starts at least ~1.5 s into the session's audio.
+AEC3 mutes a user who speaks in its first seconds of far-end audio (see aec.py); a duplex session
+warms its canceller past that (aec.DUPLEX_WARM_UP_S, tested offline in tests/test_aec.py).  The
+questions here still start ~1.5 s into the session's audio: the streams take a moment to start.
 """
 
 from __future__ import annotations
@@ -244,8 +243,7 @@ def test_live_command_runs_the_moshi_demo(pulse_server, moshi, tmp_path):  # noq
     try:
         assert listening.wait(60), "".join(lines)
         assert proc.poll() is None, "".join(lines)
-        # the question comes ~2 s into the session's audio (its streams take 1-2 s to start), past
-        # the canceller's start-up (see the module doc)
+        # the question comes ~2 s into the session's audio (its streams take 1-2 s to start)
         r = talk_over(pulse_server, seconds=7.5, lead_s=3.0)
         proc.wait(timeout=60)
         reader.join(timeout=10)

@@ -30,10 +30,14 @@ output whether it arrives in 10 ms or 40 ms blocks.
 The output lags the input by ~14 ms with echo cancellation and noise
 suppression on (~8 ms AEC, ~6 ms NS): harmless for the VAD and the model, but
 compare cleaned and raw audio with a lag search, not sample by sample.  A new
-instance is warmed up on 5 s of synthetic far-end audio (see ``_warm_up``):
-AEC3's initial state would otherwise mute the user when there is no echo path
-at all.  It keeps adapting afterwards, so keep one instance for the life of
-the stream.
+instance is warmed up on synthetic far-end audio (see ``_warm_up``): until
+AEC3 has heard 6 s of far-end audio it assumes the speaker reaches the
+microphone and mutes a user who talks over the assistant when nothing comes
+back (headphones left on speakers, virtual devices).  The default 5 s warm-up
+leaves it 1 s of that; :data:`DUPLEX_WARM_UP_S` none, for a model that talks
+from its first frame, at the price of a ~0.2 s echo leak at the start on
+speakers (``_warm_up`` has the numbers).  It keeps adapting afterwards, so
+keep one instance for the life of the stream.
 """
 
 from __future__ import annotations
@@ -43,6 +47,9 @@ import numpy as np
 SUPPORTED_RATES = (8000, 16000, 32000, 48000)  # what the WebRTC APM accepts
 CHUNK_MS = 10  # the APM processes exactly 10 ms per call
 WARM_UP_S = 5.0  # far-end audio fed at construction; see EchoCanceller._warm_up
+# Past AEC3's 6 s: hears a user without echo path from the far-end's first frame (full-duplex
+# models talk from theirs), lets the first ~0.2 s of a real echo through; see EchoCanceller._warm_up
+DUPLEX_WARM_UP_S = 6.25
 
 
 class EchoCancellerUnavailable(RuntimeError):
@@ -123,13 +130,30 @@ class EchoCanceller:
             self._warm_up()
 
     def _warm_up(self) -> None:
-        # AEC3 starts in a conservative "initial state" that lasts for its first ~3-4 s of far-end
-        # audio.  If the speaker does not reach the microphone at all (headphones while set to
-        # speakers, a far-away speaker), it mutes the user whenever the assistant talks during that
-        # time (measured: -95 dB at 1-3 s, passed from 4 s on), so an early barge-in is not heard.
-        # Playing it seeded noise as far-end with a silent microphone first gets it past that
-        # state; with a real echo path it still cancels from the first frame (measured: echo
-        # -32 -> -100 dB in the first 0.5 s after warm-up, -67 without).  Costs ~50 ms of CPU once.
+        # AEC3 cannot tell from the far-end alone whether the speaker reaches the microphone.  Its
+        # "transparent mode" (headset detection; the legacy classifier in this build) turns on
+        # after 6 s of active far-end audio (1500 blocks of 4 ms) in which it found no echo delay.
+        # Until then it assumes a 0 dB echo path and suppresses everything below the far-end's
+        # level: with no echo path at all the user is muted whenever the assistant talks
+        # (measured: 40 to 170 dB down).  Seeded noise as far-end with a silent microphone counts
+        # towards those 6 s; only the amount counts (speech as warm-up far-end, or a noise floor
+        # on the warm-up mic, changes nothing; measured).  With an echo path, AEC3 finds its delay
+        # ~0.2 s after the echo starts, which restarts the 6 s.  So the warm-up length chooses
+        # what happens before AEC3 knows:
+        # * 5 s (WARM_UP_S): transparent mode after 1 s of far-end, after an echo has been found
+        #   (~0.85 s when under ~8 ms of delay leaves no delay to find: AEC3 then needs its filter
+        #   converged), so the echo is cancelled from its first frame (~60 dB over the first 0.5 s);
+        #   but a user without echo path is cut (by up to ~70 dB) in the first ~1 s of assistant
+        #   speech.  A turn-based assistant starts its reply after the user stopped; a duplex
+        #   model talks at once and the user who answers at once is not heard.
+        # * 6.25 s (DUPLEX_WARM_UP_S): transparent from the first frame, so that user passes
+        #   (within ~1 dB over the first 0.5 s); but a real echo passes too until its delay is
+        #   found: ~0.2 s of it reduced by only ~5-10 dB (a 120-200 ms VAD blip; under ~8 ms of
+        #   delay there is none to find and it lasts ~1 s), then cancelled as with 5 s.  As the
+        #   default it fails tests/test_live.py's two echo-path tests (turn-based, loopback echo):
+        #   the blip pauses the first reply (measured: 2 pauses, reply echo reduction 61 -> 33 dB).
+        # Costs ~20 ms of CPU per warm-up second at 16 kHz (110-170 ms for 6.25 s on a busy
+        # 2-core machine; ~40% of it livekit's per-call overhead).
         rng = np.random.default_rng(0)
         n = 4 * self.chunk
         bypass, self.bypass = self.bypass, False

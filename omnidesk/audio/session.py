@@ -15,7 +15,8 @@ any thread and returns at once.  The voice is ``engine_config.voice`` (the
 caller's EngineConfig, shared): the engine reads it when a reply starts.  ``on_update(kind, payload)`` is called on the
 engine's thread; a GUI must marshal it (queued signals).
 
-Kinds: "state" (TurnState), "turn" (new TurnTimeline), "reply" (TurnTimeline
+Kinds: "state" (TurnState), "turn" (new TurnTimeline), "end_of_turn" (TurnTimeline
+whose ``extra["end_of_turn"]`` got a score), "reply" (TurnTimeline
 with ``.text`` decoded so far), "interrupted" (TurnTimeline with ``barge_in``
 and ``extra["heard_text"]``), "done" (reply played out), "status"
 (:class:`LiveStatus`, every frame), "error" (plain-words message; the audio is
@@ -138,7 +139,7 @@ class LiveSession:
     def start(self, new_conversation: bool = True) -> None:
         """Open the devices and start listening.  Raises AudioDeviceError (plain words) or
         EchoCancellerUnavailable; nothing is left running then."""
-        from omnidesk.audio.aec import EchoCanceller, EchoCancellerUnavailable
+        from omnidesk.audio.aec import DUPLEX_WARM_UP_S, WARM_UP_S, EchoCanceller, EchoCancellerUnavailable
         from omnidesk.audio.vad import WebRtcVAD
 
         s = self.settings
@@ -147,7 +148,11 @@ class LiveSession:
                         block_ms=s.block_ms, latency_s=s.latency_s,
                         speaker_capacity_s=self.engine_config.max_audio_ahead_s + 3.0)
         try:
-            self.aec = EchoCanceller(rate_in, noise_suppression=s.noise_suppression)
+            # a duplex model talks from its first frame: warm the canceller past AEC3's start-up mute
+            # (see aec.DUPLEX_WARM_UP_S) so a user who speaks at once is heard
+            duplex = getattr(self.ex, "duplex", False)
+            self.aec = EchoCanceller(rate_in, noise_suppression=s.noise_suppression,
+                                     warm_up_s=DUPLEX_WARM_UP_S if duplex else WARM_UP_S)
             self.aec.bypass = s.headphones
         except EchoCancellerUnavailable:
             if not s.headphones:
@@ -180,6 +185,11 @@ class LiveSession:
             raise
         self._closing = False
         self._drive_future = self._thread.call(self._drive())
+
+    @property
+    def end_of_turn(self) -> str:
+        """The end-of-turn detector deciding this session's turns: "fixed" or the judge's name."""
+        return self._judge.name if self._judge is not None else "fixed"
 
     def close(self) -> None:
         self._closing = True

@@ -252,7 +252,7 @@ class Engine:
             scores.append({"t": round(ev.t, 4), "silence_ms": round(ev.silence_ms, 1),
                            "p_complete": round(ev.p_complete, 4), "decision": ev.decision,
                            "cpu_ms": round(ev.cpu_ms, 2)})
-            self.on_update("turn", self._turn)
+            self.on_update("end_of_turn", self._turn)
         elif isinstance(ev, Endpoint):
             self.last_utterance = self._trimmed_utterance(ev)
             self._turn.user_speech_end = ev.t_speech_end

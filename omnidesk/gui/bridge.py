@@ -187,7 +187,7 @@ class EngineBridge(QObject):
                 view = self._view(payload)
                 self._snapshot_for_export(payload)
                 self.turn_started.emit(view)
-            elif kind == "reply":
+            elif kind in ("reply", "end_of_turn"):  # a reply's progress; the end-of-turn model's verdict
                 self._post_turn(self._view(payload))
             elif kind == "interrupted":
                 view = self._view(payload, final=True)
