@@ -33,7 +33,8 @@ from omnidesk.models.qwen2_5_omni import bench  # noqa: E402
 from omnidesk.models.qwen2_5_omni.config import OmniConfig  # noqa: E402
 from omnidesk.models.qwen2_5_omni.demo import PREPROCESSOR  # noqa: E402
 from omnidesk.models.features import FeatureConfig  # noqa: E402
-from omnidesk.models.qwen2_5_omni.loading import OmniModel, OmniStack, VoiceDims, _materialize, voice_from_entry  # noqa: E402
+from omnidesk.models.checkpoint import materialize  # noqa: E402
+from omnidesk.models.qwen2_5_omni.loading import OmniModel, OmniStack, VoiceDims, voice_from_entry  # noqa: E402
 from omnidesk.models.random_init import init_module_  # noqa: E402
 from omnidesk.models.qwen2_5_omni.tokenizer import Tokenizer, write_tokenizer_files  # noqa: E402
 
@@ -55,9 +56,9 @@ def build(config_path: Path, device: str, dtype: torch.dtype, seed: int = 0) -> 
     with torch.device("meta"):
         model = OmniModel(cfg)
     dev = torch.device(device)
-    _materialize(model.thinker, dev, dtype)
-    _materialize(model.talker, dev, dtype)
-    _materialize(model.vocoder, dev, torch.float32)
+    materialize(model.thinker, dev, dtype)
+    materialize(model.talker, dev, dtype)
+    materialize(model.vocoder, dev, torch.float32)
     init_module_(model, torch.Generator(device=dev).manual_seed(seed))
     model.eval()
     cpu = torch.Generator().manual_seed(seed)
@@ -72,7 +73,7 @@ def build(config_path: Path, device: str, dtype: torch.dtype, seed: int = 0) -> 
                      voices=voices, generation_config={}, dtype=dtype, device=dev)
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--size", choices=["3b", "7b"], help="real shapes from tests/data")
     p.add_argument("--config", help="any config.json instead of --size")
@@ -83,7 +84,7 @@ def main() -> int:
                    help="interruptions timed (default 50 on a GPU; 3 on the CPU, where a real-size stack runs "
                         "~1 token/s and the run is a smoke test that every stage works at these shapes)")
     p.add_argument("--out", required=True)
-    args = p.parse_args()
+    args = p.parse_args(argv)
     config = Path(args.config) if args.config else ROOT / "tests" / "data" / f"qwen2_5_omni_{args.size}" / "config.json"
     t0 = time.perf_counter()
     stack = build(config, args.device, getattr(torch, args.dtype))

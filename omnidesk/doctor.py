@@ -41,9 +41,18 @@ def check_torch() -> Check:
 
 
 def _gpu_needs() -> str:
-    from .models.families import RECOMMENDED
+    """"16 GB for Qwen2.5-Omni-3B, 24 GB for Qwen2.5-Omni-7B, 24 GB for Moshi": a family's repos that
+    need the same are said once, by the family's name."""
+    from .models.families import FAMILIES
 
-    return ", ".join(f"{r.gpu_memory_gb} GB for {repo.split('/')[-1]}" for repo, r in RECOMMENDED.items())
+    parts = []
+    for f in FAMILIES:
+        needs = {r.gpu_memory_gb for r in f.repos.values()}
+        if len(needs) == 1:
+            parts.append(f"{needs.pop()} GB for {f.title}")
+        else:
+            parts += [f"{r.gpu_memory_gb} GB for {repo.split('/')[-1]}" for repo, r in f.repos.items()]
+    return ", ".join(parts)
 
 
 def check_gpu() -> Check:

@@ -1,6 +1,6 @@
 """Seeded random weights: the one initialisation of every random-weight model we make.
 
-Used by the demo checkpoint (omnidesk/models/demo.py), by bench/random_stack.py
+Used by the demo checkpoint (omnidesk/models/qwen2_5_omni/demo.py), by bench/random_stack.py
 (real 3B/7B shapes built in memory) and by the real-size test checkpoint
 (tests/real_checkpoint.py, written to disk tensor by tensor).  The rule goes by
 the tensor's name, and reads the same in the checkpoint's names and in ours:

@@ -111,7 +111,7 @@ def realtime_latency(stack: OmniStack, audio: np.ndarray, turns: int, preemptive
 
 
 def interrupt_costs(stack: OmniStack, audio: np.ndarray, n: int) -> dict:
-    from .speaker import VirtualSpeaker
+    from ...engine.speaker import VirtualSpeaker
 
     ex = QwenOmniExecutor(stack, max_reply_tokens=24, max_codec_tokens=64)
     rollback, stop = [], []
