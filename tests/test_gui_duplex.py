@@ -28,6 +28,7 @@ from omnidesk.engine.timeline import validate  # noqa: E402
 from omnidesk.gui.bridge import DuplexShown, EngineBridge  # noqa: E402
 from omnidesk.gui.devices import Device  # noqa: E402
 from omnidesk.gui.file_mic import FileMicSession  # noqa: E402
+from omnidesk.gui.latency import DUPLEX_CSV_COLUMNS, csv_text  # noqa: E402
 from omnidesk.gui.main_window import STOP_TIP_DUPLEX, MainWindow  # noqa: E402
 from omnidesk.gui.overlay import LATE, LatencyOverlay  # noqa: E402
 from omnidesk.gui.settings import Settings  # noqa: E402
@@ -165,6 +166,8 @@ def test_moshi_demo_shows_both_sides_the_frame_clock_and_stop_mutes(qtbot, setti
     validate(data)
     assert data["turns"] == [] and data["model"]["family"] == "moshi" and data["model"]["demo"] is True
     assert len(data["duplex"]["step_ms"]) >= frames and data["duplex"]["user_speech"][0][1] is not None
+    rows = w.export(str(tmp_path / "duplex.csv")).read_text().splitlines()
+    assert rows[0] == ",".join(DUPLEX_CSV_COLUMNS) and len(rows) == 1 + len(data["duplex"]["exchanges"])
 
     assert max(gaps) < 1.5, f"the UI thread stalled for {max(gaps):.2f} s"
     close_window(w)
@@ -193,6 +196,14 @@ def test_a_failed_duplex_step_shows_a_banner_that_clears_once_the_model_steps_ag
     qtbot.waitUntil(lambda: not w.error_banner.isVisible(), timeout=30000)
     assert w.duplex is not None and w.duplex.view.frames >= 13 and w.conversation.running
     close_window(w)
+
+
+def test_csv_export_of_a_duplex_session_has_one_row_per_exchange():
+    timeline = {"model": {}, "device": "cpu", "turns": [], "duplex": {"exchanges": [
+        {"user_speech_start": 1.0, "user_speech_end": 2.5, "assistant_speech_start": 2.74, "delay_s": 0.24},
+        {"user_speech_start": 5.0, "user_speech_end": 6.0, "assistant_speech_start": 5.8, "delay_s": -0.2}]}}
+    assert csv_text(timeline).splitlines() == [",".join(DUPLEX_CSV_COLUMNS), "1,1.0,2.5,2.74,240.0",
+                                               "2,5.0,6.0,5.8,-200.0"]
 
 
 # ---------------------------------------------------------------- the overlay's clock on its own

@@ -81,10 +81,23 @@ def _ms(a, b):
     return None if a is None or b is None else round((b - a) * 1000, 1)
 
 
+# A full-duplex session has no turns: one row per exchange (the user spoke, the assistant answered)
+DUPLEX_CSV_COLUMNS = ["exchange", "user_speech_start", "user_speech_end", "assistant_speech_start", "reply_delay_ms"]
+
+
 def csv_text(timeline: dict) -> str:
-    """One row per turn of a timeline dict (contract JSON); empty cells where a stage did not happen."""
+    """One row per turn of a timeline dict (contract JSON); empty cells where a stage did not happen.
+    A full-duplex session (a ``duplex`` section, no turns): one row per exchange, the reply delay
+    negative where the assistant started before the user finished."""
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
+    duplex = timeline.get("duplex")
+    if duplex is not None and not timeline["turns"]:
+        writer.writerow(DUPLEX_CSV_COLUMNS)
+        for i, x in enumerate(duplex.get("exchanges", []), 1):
+            writer.writerow([i, x["user_speech_start"], x["user_speech_end"], x["assistant_speech_start"],
+                             round(x["delay_s"] * 1000, 1)])
+        return out.getvalue()
     writer.writerow(CSV_COLUMNS)
     for i, turn in enumerate(timeline["turns"], 1):
         ev = turn["events"]
