@@ -20,8 +20,7 @@ import pytest
 
 pytest.importorskip("pytestqt")
 
-from PySide6.QtCore import QSettings, Qt  # noqa: E402
-from PySide6.QtWidgets import QApplication  # noqa: E402
+from PySide6.QtCore import Qt  # noqa: E402
 
 from omnidesk.engine.duplex import DuplexView  # noqa: E402
 from omnidesk.engine.timeline import validate  # noqa: E402
@@ -31,35 +30,20 @@ from omnidesk.gui.file_mic import FileMicSession  # noqa: E402
 from omnidesk.gui.latency import DUPLEX_CSV_COLUMNS, csv_text  # noqa: E402
 from omnidesk.gui.main_window import STOP_TIP_DUPLEX, MainWindow  # noqa: E402
 from omnidesk.gui.overlay import LATE, LatencyOverlay  # noqa: E402
-from omnidesk.gui.settings import Settings  # noqa: E402
 from omnidesk.gui.worker import wait_for_background  # noqa: E402
 from omnidesk.models.families import MOSHI  # noqa: E402
 from omnidesk.models.moshi.demo import make_moshi_demo  # noqa: E402
 from paint_gaps import record_paint_gaps  # noqa: E402
+from test_gui import private_dirs, settings  # noqa: E402,F401  (fixtures: private dirs, a throwaway settings file)
 
 ROOT = Path(__file__).resolve().parents[1]
 QUESTION = ROOT / "tests" / "fixtures" / "question.wav"
 DEVICES = [Device(0, "Built-in Microphone", inputs=1, outputs=2, is_default_input=True, is_default_output=True)]
 
 
-@pytest.fixture(autouse=True)
-def private_dirs(tmp_path, monkeypatch):
-    """No test reads or writes the user's caches, Hugging Face hub or logs."""
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
-    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
-    monkeypatch.delenv("HF_HOME", raising=False)
-    QApplication.setOrganizationName("OmniDesk-tests")
-
-
 @pytest.fixture(scope="module")
 def moshi_demo_dir(tmp_path_factory):
     return make_moshi_demo(tmp_path_factory.mktemp("gui-moshi") / "moshi-demo")
-
-
-@pytest.fixture
-def settings(tmp_path):
-    return Settings(QSettings(str(tmp_path / "settings.ini"), QSettings.Format.IniFormat))
 
 
 def open_window(qtbot, settings, tmp_path, model, realtime=True):
