@@ -335,33 +335,14 @@ def cmd_reply(args) -> int:
     print(f"speech tokens: {len(reply.codec_ids)}; thinker + talker took {elapsed * 1000:.0f} ms (sequential path)")
     if args.output and reply.codec_ids:
         args.doing = "speaking the reply"
-        _speak(stack, reply.codec_ids, args.voice or stack.default_voice, args.seed, Path(args.output))
+        import soundfile as sf
+
+        audio, rate, notes = tools.speak(stack, reply, args.voice or stack.default_voice, args.seed)
+        sf.write(str(args.output), audio, rate)
+        for line in notes:
+            print(line)
+        print(f"wrote {audio.size / rate:.2f} s of audio -> {args.output}")
     return 0
-
-
-def _speak(stack, codec_ids: list[int], voice_name: str, seed: int, out: Path) -> None:
-    """Run the streaming vocoder over a finished reply and write what it produced (the user asked for a file)."""
-    import numpy as np
-    import soundfile as sf
-
-    v = stack.voices[voice_name]
-    stream = stack.vocoder.stream(stack.vocoder.voice(v.cond, v.ref_mel), seed=seed)
-    t0 = time.perf_counter()
-    chunks, first = [], None
-    for code in codec_ids:
-        ready = stream.push([code])
-        if ready and first is None:
-            first = (len(stream.codes), time.perf_counter() - t0)
-        chunks += ready
-    chunks += stream.flush()
-    elapsed = time.perf_counter() - t0
-    audio = np.concatenate([c.numpy() for c in chunks])
-    rate = stack.vocoder.hop_length * 100  # 100 mel frames per second
-    sf.write(str(out), audio, rate)
-    seconds = audio.size / rate
-    if first:
-        print(f"vocoder: first chunk after {first[0]} speech tokens ({first[1] * 1000:.0f} ms)")
-    print(f"vocoder: {seconds:.2f} s of audio in {elapsed * 1000:.0f} ms (RTF {elapsed / seconds:.2f}) -> {out}")
 
 
 def cmd_talk(args) -> int:

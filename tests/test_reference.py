@@ -132,7 +132,7 @@ def test_talker_logits_match_reference(loaded, speech_like):
     for token in text_ids[:-1]:
         e = thinker.embed_tokens.weight[token][None]
         vectors.append(e[0] + thinker(e, cache)[0])
-    from omnidesk.models.qwen2_5_omni.talker import ReplyFeed
+    from omnidesk.models.thinker_talker import ReplyFeed
 
     w = thinker.embed_tokens.weight
     feed = ReplyFeed(w[tcfg.text_eos_id], w[tcfg.text_pad_id])

@@ -280,8 +280,8 @@ def check_weight_files(root: Path, report: VerifyReport) -> tuple[dict[str, tupl
 @dataclass(frozen=True)
 class Target:
     """Where one checkpoint tensor goes: our parameter (or buffer), the checkpoint tensor's
-    shape, and which part of ours it fills: rows of a fused weight (q/k/v, gate/up) or one
-    entry of a stacked per-codebook / per-step parameter."""
+    shape, and which part of ours it fills: rows of a fused weight (q/k/v, gate/up), one
+    entry of a stacked per-codebook / per-step / per-expert parameter, or rows of one entry."""
 
     param: str
     shape: tuple[int, ...]
@@ -290,10 +290,10 @@ class Target:
 
     def destination(self, tensors: dict[str, torch.Tensor]) -> torch.Tensor:
         dest = tensors[self.param]
+        if self.index is not None:  # the entry first (one expert, one step), then rows within it
+            dest = dest[self.index]
         if self.rows is not None:
             dest = dest[self.rows[0]:self.rows[1]]
-        if self.index is not None:
-            dest = dest[self.index]
         return dest
 
 

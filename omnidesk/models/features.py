@@ -62,6 +62,11 @@ class FeatureConfig:
     n_fft: int = 400
     hop_length: int = 160
     n_mels: int = 128
+    # How the processor pads one utterance: False = to 30 s with zeros (Qwen2.5-Omni's processor:
+    # ceil(n / hop) valid frames, zeros after the end); True = to the longest audio of the batch,
+    # i.e. not at all for one (Qwen3-Omni's processor calls the extractor with padding=True):
+    # n // hop frames, the end reflected like the start.  Set by the family, not in the file.
+    pad_to_longest: bool = False
 
     def __post_init__(self):
         for name in ("sampling_rate", "n_fft", "hop_length", "n_mels"):
@@ -104,7 +109,10 @@ class FeatureConfig:
 
 
 def num_frames(num_samples: int, cfg: FeatureConfig) -> int:
-    """Valid frames for ``num_samples`` samples: ``ceil(num_samples / hop_length)``."""
+    """Valid frames for ``num_samples`` samples: ``ceil(num_samples / hop_length)``, or
+    ``num_samples // hop_length`` when the utterance is not padded (``pad_to_longest``)."""
+    if cfg.pad_to_longest:
+        return int(num_samples) // cfg.hop_length
     return -(-int(num_samples) // cfg.hop_length)
 
 
@@ -181,6 +189,14 @@ def _log_spec(waveform: torch.Tensor, cfg: FeatureConfig) -> tuple[torch.Tensor,
     # silent (log = log10(1e-10)) and cannot raise the maximum.
     total = max(valid, -(-(n + half) // hop))
     window, filters = _constants(cfg, waveform.device)
+    if cfg.pad_to_longest and n > half:
+        # Both ends reflected (STFT centre padding of the unpadded utterance); the reference
+        # drops the last of its 1 + n // hop frames and takes the maximum over the rest.
+        padded = torch.cat([waveform[1:half + 1].flip(0), waveform, waveform[-half - 1:-1].flip(0)])
+        spec = torch.stft(padded, cfg.n_fft, cfg.hop_length, window=window, center=False, return_complex=True)
+        log = (filters @ (spec.abs() ** 2)[:, :valid].contiguous()).clamp(min=LOG_CLAMP).log10()
+        top = log.max() if log.numel() else torch.tensor(math.log10(LOG_CLAMP), device=log.device)
+        return log, top
     # Start: reflection of the zero-padded signal (the reference reflects the padded audio, so a
     # signal shorter than half+1 samples reflects some zeros too).  End: zeros.
     need = (total - 1) * hop + cfg.n_fft - half  # samples after the left pad

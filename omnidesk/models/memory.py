@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import math
 import os
+from dataclasses import dataclass, field
 
 import torch
 
@@ -37,4 +39,77 @@ def torch_dtype(dtype) -> torch.dtype:
     return dtype
 
 
-__all__ = ["available_ram", "gib", "ram_too_small", "torch_dtype"]
+# Working margin of the memory estimate: 10% on top of weights + caches (allocator rounding and
+# fragmentation, temporary copies while loading), plus a fixed 512 MiB for activations (prefill
+# chunk activations, logits over the ~152k vocabulary, vocoder activations, CUDA context).
+MARGIN_FRACTION = 0.10
+ACTIVATION_BYTES = 512 * 2**20
+@dataclass(frozen=True)
+class ModelShape:
+    """The numbers the memory estimate needs from a config."""
+
+    llm_params: int  # thinker (with audio encoder, without vision) + talker, stored in the run dtype
+    vocoder_params: int  # token2wav, always fp32
+    thinker_kv: tuple[int, int, int]  # layers, kv heads, head dim
+    talker_kv: tuple[int, int, int] | None
+    talker_row_width: int  # width of the thinker hidden rows the talker reads (0 without talker)
+    max_positions: int  # the thinker's max_position_embeddings: no longer context is suggested
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Bytes needed to run a model; ``total`` includes the working margin."""
+
+    shape: ModelShape = field(repr=False)
+    dtype: torch.dtype
+    context_tokens: int
+    talker_codes: int
+    weights: int  # thinker (+ audio encoder) and talker, in dtype
+    vocoder: int  # fp32
+    thinker_kv: int
+    talker_kv: int
+    talker_rows: int  # thinker hidden rows kept for the talker
+    margin: int
+    total: int
+
+    @property
+    def params(self) -> int:
+        return self.shape.llm_params + self.shape.vocoder_params
+
+
+def estimate_for_shape(shape: ModelShape, dtype: torch.dtype, context_tokens: int, talker_codes: int) -> MemoryEstimate:
+    """Bytes to run a model of ``shape``: weights in ``dtype`` (the vocoder in fp32), KV caches for
+    ``context_tokens`` (the talker's for ``context_tokens + talker_codes``), the talker's rows,
+    and the working margin (:data:`MARGIN_FRACTION` + :data:`ACTIVATION_BYTES`)."""
+    b = dtype.itemsize
+    weights = shape.llm_params * b
+    vocoder = shape.vocoder_params * 4
+    layers, heads, dim = shape.thinker_kv
+    thinker_kv = layers * 2 * heads * dim * context_tokens * b
+    talker_kv = talker_rows = 0
+    if shape.talker_kv is not None:
+        layers, heads, dim = shape.talker_kv
+        talker_kv = layers * 2 * heads * dim * (context_tokens + talker_codes) * b
+        talker_rows = context_tokens * shape.talker_row_width * b
+    base = weights + vocoder + thinker_kv + talker_kv + talker_rows
+    margin = math.ceil(base * MARGIN_FRACTION) + ACTIVATION_BYTES
+    return MemoryEstimate(shape, dtype, context_tokens, talker_codes, weights, vocoder, thinker_kv, talker_kv,
+                          talker_rows, margin, base + margin)
+
+
+def max_context(shape: ModelShape, dtype, free_bytes: int, talker_codes: int = 4096) -> int:
+    """The largest context (a multiple of 256 tokens, at most the model's maximum) that fits in
+    ``free_bytes``; 0 if none does."""
+    dtype = torch_dtype(dtype)
+    at0 = estimate_for_shape(shape, dtype, 0, talker_codes)
+    per_token = estimate_for_shape(shape, dtype, 1, talker_codes).total - at0.total + 1  # +1: ceil rounding
+    if at0.total > free_bytes:
+        return 0
+    n = min((free_bytes - at0.total) // per_token, shape.max_positions) // 256 * 256
+    while n > 0 and estimate_for_shape(shape, dtype, n, talker_codes).total > free_bytes:
+        n -= 256
+    return n
+
+
+__all__ = ["ACTIVATION_BYTES", "MARGIN_FRACTION", "MemoryEstimate", "ModelShape", "available_ram", "estimate_for_shape",
+           "gib", "max_context", "ram_too_small", "torch_dtype"]

@@ -180,8 +180,11 @@ class AudioEncoder(nn.Module):
             return x.new_zeros(0, self.cfg.output_dim)
         return self._head(torch.cat(parts) if len(parts) > 1 else parts[0])
 
-    def encode_block(self, features_block: torch.Tensor) -> torch.Tensor:
+    def encode_block(self, features_block: torch.Tensor, *, first: bool = False) -> torch.Tensor:
         """Encode one block (a finished ``2 * n_window``-frame block or the final tail).
+
+        ``first`` (whether the block starts the utterance) is part of the shared interface and
+        changes nothing here: every block of this encoder is encoded the same way.
 
         Returns ``output_length(T)`` tokens; concatenating the blocks' tokens in order equals
         :meth:`forward` on the whole utterance (see the class docstring).

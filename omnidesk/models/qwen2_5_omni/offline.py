@@ -1,29 +1,17 @@
-"""One spoken turn start to finish, without streaming: listen, think to the end, talk to the end.
-
-The same executor the engine streams with, driven sequentially: used by
-``omnidesk reply``, by the tests against transformers' ``generate``, and as
-the unstreamed run that the streamed one must equal.
-"""
+"""One spoken turn start to finish, without streaming (see :func:`~omnidesk.models.thinker_talker.run_turn`)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import time
 
+import numpy as np
 import torch
 
-from ...engine.executor import stage
 from ..sampling import SamplingParams
+from ..thinker_talker import Reply, run_turn
 from .executor import QwenOmniExecutor
 from .loading import OmniStack
 from .reply import SPEECH_SYSTEM_PROMPT
-
-
-@dataclass
-class Reply:
-    prompt_ids: list[int]
-    text_ids: list[int] = field(default_factory=list)
-    codec_ids: list[int] = field(default_factory=list)
-    text: str = ""
 
 
 @torch.inference_mode()
@@ -31,23 +19,33 @@ def generate_reply(stack: OmniStack, waveform: torch.Tensor, voice: str | None =
                    thinker_sampling: SamplingParams | None = None, talker_sampling: SamplingParams | None = None,
                    max_text_tokens: int = 256, max_codec_tokens: int = 2048, seed: int = 0, speak: bool = True,
                    system_prompt: str = SPEECH_SYSTEM_PROMPT) -> Reply:
-    """One turn for a whole utterance (16 kHz mono); the thinker's sampling defaults to greedy.
-
-    A failure raises :class:`~omnidesk.engine.executor.StageError` naming its stage."""
+    """One turn for a whole utterance (16 kHz mono); the thinker's sampling defaults to greedy."""
     ex = QwenOmniExecutor(stack, max_reply_tokens=max_text_tokens, max_codec_tokens=max_codec_tokens,
                           system_prompt=system_prompt,
                           thinker_sampling=thinker_sampling or SamplingParams(greedy=True),
                           talker_sampling=talker_sampling)
-    with stage("thinker"):  # the encoder and the voice tag their own failures
-        ex.begin_user_turn()
-        ex.add_user_audio(waveform.detach().cpu().float().numpy())
-        reply = Reply(prompt_ids=list(ex.end_user_turn()))
-        ex.start_reply(voice, seed)
-        while not ex.thinker_done:
-            ex.thinker_step()
-    with stage("talker"):
-        while speak and not ex.talker_done:
-            ex.talker_step()
-    reply.text_ids, reply.codec_ids = ex.reply_text_ids, ex.reply_codec_ids
-    reply.text = stack.tokenizer.decode(reply.text_ids)
-    return reply
+    return run_turn(ex, waveform, voice, seed, speak)
+
+
+def speak(stack: OmniStack, reply: Reply, voice_name: str, seed: int = 0) -> tuple[np.ndarray, int, list[str]]:
+    """The streaming vocoder over a finished reply: (audio, its rate, what it cost, in words)."""
+    v = stack.voices[voice_name]
+    stream = stack.vocoder.stream(stack.vocoder.voice(v.cond, v.ref_mel), seed=seed)
+    t0 = time.perf_counter()
+    chunks, first = [], None
+    for code in reply.codec_ids:
+        ready = stream.push([code])
+        if ready and first is None:
+            first = (len(stream.codes), time.perf_counter() - t0)
+        chunks += ready
+    chunks += stream.flush()
+    elapsed = time.perf_counter() - t0
+    audio = np.concatenate([c.numpy() for c in chunks])
+    rate = stack.vocoder.hop_length * 100  # 100 mel frames per second
+    seconds = audio.size / rate
+    notes = [f"vocoder: first chunk after {first[0]} speech tokens ({first[1] * 1000:.0f} ms)"] if first else []
+    notes.append(f"vocoder: {seconds:.2f} s of audio in {elapsed * 1000:.0f} ms (RTF {elapsed / seconds:.2f})")
+    return audio, rate, notes
+
+
+__all__ = ["Reply", "generate_reply", "speak"]

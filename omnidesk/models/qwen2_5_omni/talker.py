@@ -8,13 +8,11 @@ Its inputs live in the thinker's embedding space and are projected down by
   voice's text-bos embedding + codec pad, then the first reply position +
   codec bos;
 * each step: the embedding of the previous codec token + the next thinker
-  reply position (:class:`ReplyFeed`): one reply position per step, then the
+  reply position (:class:`~omnidesk.models.thinker_talker.ReplyFeed`): one reply position per step, then the
   thinker's text_eos embedding once, then text_pad for as long as speech goes on.
 """
 
 from __future__ import annotations
-
-from collections import deque
 
 import torch
 from torch import nn
@@ -62,42 +60,3 @@ class Talker(nn.Module):
     def forward_static(self, inputs: torch.Tensor, cache: KVCache, input_pos: torch.Tensor) -> torch.Tensor:
         h = self.decoder.forward_static(self.thinker_to_talker_proj(inputs).unsqueeze(0), cache, input_pos)[0]
         return self.codec_head(h).float()
-
-
-class ReplyFeed:
-    """Thinker reply positions handed to the talker, one per talker step.
-
-    ``push`` a reply position (embedding + hidden state of a reply token the
-    thinker has already read); ``finish`` when the thinker stopped.  ``next``
-    returns the next vector, ``None`` while the thinker is behind, and after
-    the reply the text_eos vector once, then text_pad forever.
-    """
-
-    def __init__(self, eos_vector: torch.Tensor, pad_vector: torch.Tensor):
-        self._eos, self._pad = eos_vector, pad_vector
-        self._queue: deque[torch.Tensor] = deque()
-        self.finished = False
-        self._eos_sent = False
-
-    def push(self, vector: torch.Tensor) -> None:
-        if self.finished:
-            raise RuntimeError("ReplyFeed.push after finish")
-        self._queue.append(vector)
-
-    def finish(self) -> None:
-        self.finished = True
-
-    @property
-    def ready(self) -> bool:
-        """Whether next() will return a vector now."""
-        return bool(self._queue) or self.finished
-
-    def next(self) -> torch.Tensor | None:
-        if self._queue:
-            return self._queue.popleft()
-        if not self.finished:
-            return None
-        if not self._eos_sent:
-            self._eos_sent = True
-            return self._eos
-        return self._pad

@@ -72,7 +72,9 @@ class TokenizerError(CheckpointError):
 # --------------------------------------------------------------------------------------
 
 
-def _chat_template() -> str:
+def chat_template(t: "Mapping[str, str]" = SPECIAL_TOKENS, audio_names=("audio_bos", "audio", "audio_eos"),
+                  image_names=("vision_bos", "image_pad", "vision_eos"),
+                  video_names=("vision_bos", "video_pad", "vision_eos")) -> str:
     """Our Jinja chat template; renders the same text as the Qwen2.5-Omni one.
 
     Each turn is ``<|im_start|>{role}\\n{content}<|im_end|>\\n``; a conversation that does
@@ -81,10 +83,9 @@ def _chat_template() -> str:
     ``<|vision_bos|><|VIDEO|><|vision_eos|>`` (optionally numbered with add_audio_id /
     add_vision_id); the generation prompt is ``<|im_start|>assistant\\n``.
     """
-    t = SPECIAL_TOKENS
-    audio = t["audio_bos"] + t["audio"] + t["audio_eos"]
-    image = t["vision_bos"] + t["image_pad"] + t["vision_eos"]
-    video = t["vision_bos"] + t["video_pad"] + t["vision_eos"]
+    audio = "".join(t[n] for n in audio_names)
+    image = "".join(t[n] for n in image_names)
+    video = "".join(t[n] for n in video_names)
     start, end = t["im_start"], t["im_end"]
     lines = [
         "{%- set counts = namespace(audio=0, image=0, video=0) -%}",
@@ -123,7 +124,7 @@ def _chat_template() -> str:
     return "\n".join(lines) + "\n"
 
 
-CHAT_TEMPLATE = _chat_template()
+CHAT_TEMPLATE = chat_template()
 
 
 def _compile_template(source: str, where: str):
@@ -357,7 +358,7 @@ def _bytes_to_unicode() -> dict[int, str]:
     return dict(zip(bs, map(chr, cs)))
 
 
-def _train_bpe(n_tokens: int) -> tuple[dict[str, int], list[tuple[str, str]]]:
+def _train_bpe(n_tokens: int, extra_corpus: str = "") -> tuple[dict[str, int], list[tuple[str, str]]]:
     """A byte-level BPE with exactly ``n_tokens`` entries: trained on the built-in corpus, then
     (if the corpus runs out of pairs) extended with merges of already known tokens."""
     from tokenizers import Regex, Tokenizer as Backend, normalizers, pre_tokenizers
@@ -369,7 +370,7 @@ def _train_bpe(n_tokens: int) -> tuple[dict[str, int], list[tuple[str, str]]]:
     tok.pre_tokenizer = _pre_tokenizer(Regex, pre_tokenizers)
     trainer = BpeTrainer(vocab_size=n_tokens, min_frequency=2, show_progress=False, special_tokens=[],
                          initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator(_CORPUS.splitlines(keepends=True), trainer=trainer)
+    tok.train_from_iterator((_CORPUS + extra_corpus).splitlines(keepends=True), trainer=trainer)
     model = json.loads(tok.to_str())["model"]
     vocab: dict[str, int] = dict(sorted(model["vocab"].items(), key=lambda kv: kv[1]))
     merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in model["merges"]]
@@ -409,11 +410,17 @@ def _added_token_entry(content: str) -> dict[str, Any]:
             "single_word": False, "special": True}
 
 
-def write_tokenizer_files(path, vocab_size: int, first_special_id: int) -> dict[str, int]:
+def write_tokenizer_files(path, vocab_size: int, first_special_id: int,
+                          specials: "Mapping[str, str]" = SPECIAL_TOKENS, media: "Mapping[str, str] | None" = None,
+                          template: str = CHAT_TEMPLATE, processor_class: str = "Qwen2_5OmniProcessor",
+                          extra_corpus: str = "") -> dict[str, int]:
     """Write a small byte-level BPE tokenizer in the hub layout to ``path``.
 
     The BPE vocabulary fills ids ``0 .. first_special_id-1``; the special tokens follow at
-    ``first_special_id + i`` in :data:`SPECIAL_TOKENS` order.  Ids from there up to
+    ``first_special_id + i`` in ``specials`` order (default :data:`SPECIAL_TOKENS`; another
+    family passes its own strings, ``media`` (tokenizer_config key -> special name) and chat
+    ``template``; ``extra_corpus`` is trained on besides the built-in text, e.g. role names that
+    must be single tokens as in the real vocabulary).  Ids from there up to
     ``vocab_size`` stay unused (the model's embedding table may be larger than the tokenizer,
     as in the real model).  Deterministic: the same arguments give byte-identical files.
     Returns ``{name: id}`` for the special tokens.
@@ -425,13 +432,13 @@ def write_tokenizer_files(path, vocab_size: int, first_special_id: int) -> dict[
     n_alphabet = 256
     if first_special_id < n_alphabet:
         raise ValueError(f"first_special_id {first_special_id} leaves no room for the {n_alphabet} byte tokens")
-    if first_special_id + len(SPECIAL_TOKENS) > vocab_size:
-        raise ValueError(f"vocab_size {vocab_size} is too small for {len(SPECIAL_TOKENS)} special tokens "
+    if first_special_id + len(specials) > vocab_size:
+        raise ValueError(f"vocab_size {vocab_size} is too small for {len(specials)} special tokens "
                          f"starting at {first_special_id}")
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
 
-    vocab, merges = _train_bpe(first_special_id)
+    vocab, merges = _train_bpe(first_special_id, extra_corpus)
     tok = Backend(BPE(vocab=vocab, merges=merges, dropout=None, unk_token=None, continuing_subword_prefix="",
                       end_of_word_suffix="", fuse_unk=False, byte_fallback=False, ignore_merges=False))
     tok.normalizer = normalizers.NFC()
@@ -439,20 +446,20 @@ def write_tokenizer_files(path, vocab_size: int, first_special_id: int) -> dict[
     tok.post_processor = processors.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)
     tok.decoder = decoders.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)
     tok.add_special_tokens([AddedToken(s, special=True, normalized=False, lstrip=False, rstrip=False,
-                                       single_word=False) for s in SPECIAL_TOKENS.values()])
-    ids = {name: tok.token_to_id(s) for name, s in SPECIAL_TOKENS.items()}
-    expected = {name: first_special_id + i for i, name in enumerate(SPECIAL_TOKENS)}
+                                       single_word=False) for s in specials.values()])
+    ids = {name: tok.token_to_id(s) for name, s in specials.items()}
+    expected = {name: first_special_id + i for i, name in enumerate(specials)}
     if ids != expected:
         raise TokenizerError(f"special token ids came out as {ids}, expected {expected}")
 
-    t = SPECIAL_TOKENS
+    t = specials
     eos, pad = t["im_end"], t["endoftext"]
     extra = [s for s in t.values() if s not in (eos, pad)]
-    media = {
-        "audio_token": t["audio"], "audio_bos_token": t["audio_bos"], "audio_eos_token": t["audio_eos"],
-        "image_token": t["image_pad"], "video_token": t["video_pad"],
-        "vision_bos_token": t["vision_bos"], "vision_eos_token": t["vision_eos"],
-    }
+    if media is None:
+        media = {"audio_token": "audio", "audio_bos_token": "audio_bos", "audio_eos_token": "audio_eos",
+                 "image_token": "image_pad", "video_token": "video_pad",
+                 "vision_bos_token": "vision_bos", "vision_eos_token": "vision_eos"}
+    media = {key: t[name] for key, name in media.items()}
     tokenizer_config = {
         "add_bos_token": False,
         "add_prefix_space": False,
@@ -460,13 +467,13 @@ def write_tokenizer_files(path, vocab_size: int, first_special_id: int) -> dict[
         "additional_special_tokens": extra,
         **media,
         "bos_token": None,
-        "chat_template": CHAT_TEMPLATE,
+        "chat_template": template,
         "clean_up_tokenization_spaces": False,
         "eos_token": eos,
         "errors": "replace",
         "model_max_length": MODEL_MAX_LENGTH,
         "pad_token": pad,
-        "processor_class": "Qwen2_5OmniProcessor",
+        "processor_class": processor_class,
         "split_special_tokens": False,
         "tokenizer_class": "Qwen2Tokenizer",
         "unk_token": None,
@@ -488,12 +495,12 @@ def write_tokenizer_files(path, vocab_size: int, first_special_id: int) -> dict[
         "merges.txt": "#version: 0.2\n" + "".join(f"{a} {b}\n" for a, b in merges),
         "added_tokens.json": dump(dict(sorted({s: ids[n] for n, s in t.items()}.items()))),
         "special_tokens_map.json": dump(special_tokens_map),
-        CHAT_TEMPLATE_FILE: dump({"chat_template": CHAT_TEMPLATE}),
+        CHAT_TEMPLATE_FILE: dump({"chat_template": template}),
     }
     for name, text in files.items():
         (path / name).write_text(text, encoding="utf-8")
     return ids
 
 
-__all__ = ["SPECIAL_TOKENS", "CHAT_TEMPLATE", "PRETOKENIZE_REGEX", "Tokenizer", "TokenizerError",
+__all__ = ["SPECIAL_TOKENS", "CHAT_TEMPLATE", "chat_template", "PRETOKENIZE_REGEX", "Tokenizer", "TokenizerError",
            "write_tokenizer_files"]

@@ -1,0 +1,1 @@
+"""Qwen3-Omni-30B-A3B: thinker, talker, code predictor and code2wav vocoder."""
