@@ -8,7 +8,7 @@ the window, the inventory, ``models verify/list/download``) asks
 testing names itself.  Adding a family = its folder + one :class:`Family`
 entry in :data:`FAMILIES`.
 
-A family is either turn-based (Qwen2.5-Omni: the engine decides when the user
+A family is either turn-based (Qwen2.5-Omni, Qwen3-Omni: the engine decides when the user
 finished and the executor replies, :class:`~omnidesk.engine.executor.Executor`)
 or full duplex (Moshi: one step per 80 ms frame, the model decides when to
 talk, :class:`~omnidesk.engine.duplex.DuplexExecutor`).  ``make_engine`` picks
@@ -70,7 +70,7 @@ class Loaded:
 
 @dataclass(frozen=True)
 class Family:
-    name: str  # "qwen2_5_omni", "moshi"
+    name: str  # "qwen2_5_omni", "moshi", "qwen3_omni"
     title: str  # what a person calls it
     duplex: bool  # full duplex (DuplexExecutor) rather than turn-based (Executor)
     detect: Callable[[Path], bool]  # is this checkpoint directory one of ours?
@@ -87,7 +87,8 @@ class Family:
     repos: dict[str, Recommendation] = field(default_factory=dict)  # published repos `models download` knows
     ignored_options: tuple[str, ...] = ()  # LoadOptions fields it has no use for
     # The unstreamed one-turn tools (`omnidesk reply`, `omnidesk bench`, the terminal check turn): a module
-    # with generate_reply(stack, wave, ...), talker_defaults(stack, greedy) and run_bench(stack, ...); None
+    # with generate_reply(stack, wave, ...), talker_defaults(stack, greedy), speak(stack, reply, voice, seed)
+    # -> (audio, rate, notes) and run_bench(stack, ...); None
     # where the family has none (a full-duplex model has no turn to run on its own).
     turn_tools: Callable[[], Any] | None = None
 
@@ -192,6 +193,83 @@ QWEN = Family(
     })
 
 
+# ---------------------------------------------------------------- Qwen3-Omni
+
+def _qwen3_detect(root: Path) -> bool:
+    d = _config(root)
+    return d is not None and d.get("model_type") == "qwen3_omni_moe"
+
+
+def _qwen3_make_demo(dir=None, force: bool = False) -> Path:
+    from .qwen3_omni.demo import make_demo
+
+    return make_demo(dir, force=force)
+
+
+def _qwen3_demo_dir() -> Path:
+    from .qwen3_omni.demo import default_demo_dir
+
+    return default_demo_dir()
+
+
+def _qwen3_is_demo(root: Path) -> bool:
+    from .qwen3_omni.demo import is_demo
+
+    return is_demo(_config(root) or {})
+
+
+def _qwen3_load(root: Path, device: str, options: LoadOptions) -> Loaded:
+    from .qwen3_omni.demo import is_demo
+    from .qwen3_omni.executor import executor_for
+    from .qwen3_omni.loading import load_stack
+
+    stack = load_stack(root, device=device)
+    if options.voice and options.voice.lower() not in stack.voices:
+        raise CheckpointError(f"unknown voice '{options.voice}'; this model has: {', '.join(stack.voices)}")
+    executor = executor_for(stack, greedy=options.greedy, max_text_tokens=options.max_text_tokens,
+                            max_codec_tokens=options.max_codec_tokens)
+    demo = is_demo(stack.config.raw)
+    info = {"path": str(stack.path), "family": "qwen3_omni", "demo": demo,
+            "dtype": str(stack.dtype).replace("torch.", "")}
+    return Loaded(QWEN3, root, executor, str(stack.device), demo, list(stack.voices), info, stack)
+
+
+def _qwen3_verify(root: Path, report: VerifyReport, load_test: bool) -> None:
+    from .qwen3_omni.verify import verify
+
+    verify(root, report, load_test)
+
+
+def _qwen3_voices(root: Path) -> list[str]:
+    from .qwen3_omni.verify import voice_names
+
+    return voice_names(root)
+
+
+def _qwen3_tools():
+    from .qwen3_omni import tools
+
+    return tools
+
+
+def _qwen3_notice() -> str:
+    from .qwen3_omni.demo import DEMO_NOTICE
+
+    return DEMO_NOTICE
+
+
+QWEN3 = Family(
+    name="qwen3_omni", title="Qwen3-Omni", duplex=False, detect=_qwen3_detect, demo_name="qwen3-demo",
+    make_demo=_qwen3_make_demo, demo_dir=_qwen3_demo_dir, is_demo=_qwen3_is_demo, demo_notice=_qwen3_notice(),
+    load=_qwen3_load, verify=_qwen3_verify, voices=_qwen3_voices, declared_dtype=_qwen_dtype,
+    input_rate=_qwen_input_rate, turn_tools=_qwen3_tools,
+    repos={
+        "Qwen/Qwen3-Omni-30B-A3B-Instruct": Recommendation(
+            71, 80, "a 30B mixture-of-experts model: in bf16 it wants about 70 GB of GPU memory (an 80 GB GPU, "
+                    "or two GPUs through a vLLM-Omni server)"),
+    })
+
+
 # ---------------------------------------------------------------- Moshi
 
 def _moshi_detect(root: Path) -> bool:
@@ -266,7 +344,7 @@ MOSHI = Family(
     # one voice, and no reply to limit: it talks when it likes, one frame at a time
     ignored_options=("voice", "max_text_tokens", "max_codec_tokens"))
 
-FAMILIES: tuple[Family, ...] = (QWEN, MOSHI)
+FAMILIES: tuple[Family, ...] = (QWEN, MOSHI, QWEN3)
 RECOMMENDED: dict[str, Recommendation] = {repo: r for f in FAMILIES for repo, r in f.repos.items()}
 SMALLEST_REPO = "Qwen/Qwen2.5-Omni-3B"  # what to suggest to a user who has no model yet
 
@@ -338,6 +416,6 @@ def verify(name_or_path: str | os.PathLike, load_test: bool = True) -> VerifyRep
     return report
 
 
-__all__ = ["FAMILIES", "Family", "LoadOptions", "Loaded", "MOSHI", "QWEN", "RECOMMENDED", "Recommendation",
+__all__ = ["FAMILIES", "Family", "LoadOptions", "Loaded", "MOSHI", "QWEN", "QWEN3", "RECOMMENDED", "Recommendation",
            "SMALLEST_REPO", "demo_family", "detect_family", "family_named", "family_of", "load_model",
            "resolve_model", "verify"]

@@ -1,0 +1,282 @@
+"""Qwen3-Omni end to end against transformers' ``Qwen3OmniMoeForConditionalGeneration.generate``.
+
+The checkpoint is written by transformers (tests/tiny_qwen3.py) and read by our loader; the
+oracle is the same model in-process.  Greedy on both sides (``thinker_do_sample=False``,
+``talker_do_sample=False``: the talker's repetition penalty 1.05 and its suppressed control ids
+still apply, the code predictor follows the talker's do_sample), speaker Ethan (the default).
+
+Limits, like with like: our executor emits at most N frames and never the talker's stop code;
+the reference's ``talker_max_new_tokens=N + 1`` gives N expanded frames (the last code 0 it
+chooses is never expanded), and a stop code at step k leaves k frames on both sides.  The
+reference's frames are taken where it hands them to code2wav.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from omnidesk.engine.speaker import DEFAULT_FADE_MS
+from omnidesk.models.features import log_mel
+from omnidesk.models.qwen3_omni.executor import Qwen3OmniExecutor, talker_defaults, turn_roles
+from omnidesk.models.qwen3_omni.loading import load_stack
+from omnidesk.models.qwen3_omni.tools import generate_reply
+from omnidesk.models.sampling import SamplingParams
+
+MAX_TEXT, FRAMES = 12, 36
+
+
+@pytest.fixture(scope="module")
+def q3(tmp_path_factory):
+    """(checkpoint dir, transformers model): a tiny checkpoint whose talker never stops by itself
+    (its stop code's head row is zero), so the frames run to the limit."""
+    import tiny_qwen3
+
+    path = tmp_path_factory.mktemp("tiny-qwen3")
+    ref = tiny_qwen3.write_checkpoint(path)
+    eos = ref.config.talker_config.codec_eos_token_id
+    with torch.no_grad():
+        ref.talker.codec_head.weight[eos] = 0
+    ref.save_pretrained(path)
+    return path, ref
+
+
+def _wave(seconds: float, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    t = torch.arange(int(seconds * 16000)) / 16000
+    f0 = 140 + 40 * torch.sin(2 * torch.pi * 0.7 * t)
+    phase = 2 * torch.pi * torch.cumsum(f0, 0) / 16000
+    wave = sum(0.3 / k * torch.sin(k * phase) for k in range(1, 6))
+    return (wave * (0.6 + 0.4 * torch.sin(2 * torch.pi * 3 * t)) + 0.01 * torch.randn(t.shape, generator=g)).float()
+
+
+@torch.inference_mode()
+def reference_generate(ref, stack, prompt_ids: list[int], waves: list[torch.Tensor], max_text: int, frames: int):
+    """transformers' generate on our prompt ids and the processor's features of ``waves`` (one
+    per audio placeholder run, in order): (generated text ids, frames [n][groups], wave)."""
+    feats = [log_mel(w, stack.features) for w in waves]
+    length = max(f.shape[1] for f in feats)
+    batch = torch.zeros(len(feats), feats[0].shape[0], length)
+    mask = torch.zeros(len(feats), length, dtype=torch.long)
+    for i, f in enumerate(feats):
+        batch[i, :, :f.shape[1]], mask[i, :f.shape[1]] = f, 1
+    captured = {}
+    decode = ref.code2wav.chunked_decode
+
+    def capture(codes, *args, **kwargs):
+        captured["codes"] = codes.clone()
+        return decode(codes, *args, **kwargs)
+
+    ref.code2wav.chunked_decode = capture
+    try:
+        seq, wav = ref.generate(input_ids=torch.tensor([prompt_ids]),
+                                attention_mask=torch.ones(1, len(prompt_ids), dtype=torch.long),
+                                input_features=batch, feature_attention_mask=mask,
+                                thinker_max_new_tokens=max_text, thinker_do_sample=False,
+                                thinker_eos_token_id=stack.config.im_end_id, talker_do_sample=False,
+                                talker_max_new_tokens=frames + 1, speaker="Ethan")
+    finally:
+        ref.code2wav.chunked_decode = decode
+    return seq[0, len(prompt_ids):].tolist(), captured["codes"][0].T.tolist(), wav.reshape(-1)
+
+
+def _greedy(stack):
+    return dict(thinker_sampling=SamplingParams(greedy=True), talker_sampling=talker_defaults(stack, greedy=True))
+
+
+def test_reply_equals_transformers_generate(q3):
+    """Text ids and every codebook of every frame equal, over FRAMES frames; code2wav of our frames,
+    streamed one frame at a time, equals the reference's waveform."""
+    path, ref = q3
+    stack = load_stack(path)
+    wave = _wave(1.6, seed=1)
+    reply = generate_reply(stack, wave, max_text_tokens=MAX_TEXT, max_codec_tokens=FRAMES,
+                           talker_sampling=talker_defaults(stack, greedy=True))
+    text, frames, ref_wav = reference_generate(ref, stack, reply.prompt_ids, [wave], MAX_TEXT, FRAMES)
+    assert len(set(text)) > 3  # varied text: a test of the feed, not of one repeated token
+    assert reply.text_ids == text
+    assert len(frames) == FRAMES >= 30
+    assert len(reply.codec_frames[0]) == stack.config.talker.num_code_groups
+    assert reply.codec_frames == frames
+    assert reply.codec_ids == [f[0] for f in frames]
+    stream = stack.code2wav.stream()
+    with torch.inference_mode():
+        ours = torch.cat([stream.push(torch.tensor(f)[:, None]) for f in reply.codec_frames])
+        one_shot = stack.code2wav(torch.tensor(reply.codec_frames).T)
+    assert ours.shape == ref_wav.shape == one_shot.shape
+    assert float((ours - one_shot).abs().max()) <= 1e-5
+    assert float((ours - ref_wav.float()).abs().max()) <= 1e-5
+
+
+def _stop_early(ref, stack, wave):
+    """Make <|im_end|> win where a mid-reply token first won (text that ends by itself)."""
+    im_end = stack.config.im_end_id
+    reply = generate_reply(stack, wave, max_text_tokens=MAX_TEXT, max_codec_tokens=1, speak=False)
+    text = reply.text_ids
+    j = next(i for i in range(4, MAX_TEXT) if text[i] not in text[:i])
+    with torch.no_grad():
+        ref.thinker.lm_head.weight[im_end] = ref.thinker.lm_head.weight[text[j]] * 1.05
+    return j
+
+
+def test_reply_that_ends_by_itself_equals_transformers_generate(q3, tmp_path):
+    """The thinker's <|im_end|> ends the text mid-limit: the talker reads the reply up to it, then
+    tts_eos, then tts_pad - as the reference's trailing text does."""
+    import shutil
+
+    path, ref = q3
+    wave = _wave(1.4, seed=2)
+    stack = load_stack(path)
+    saved = ref.thinker.lm_head.weight.detach().clone()
+    try:
+        j = _stop_early(ref, stack, wave)
+        ckpt = tmp_path / "stops"
+        shutil.copytree(path, ckpt)
+        ref.save_pretrained(ckpt)
+        stack = load_stack(ckpt)
+        reply = generate_reply(stack, wave, max_text_tokens=MAX_TEXT, max_codec_tokens=FRAMES,
+                               talker_sampling=talker_defaults(stack, greedy=True))
+        text, frames, _ = reference_generate(ref, stack, reply.prompt_ids, [wave], MAX_TEXT, FRAMES)
+    finally:
+        with torch.no_grad():
+            ref.thinker.lm_head.weight.copy_(saved)
+    assert text[-1] == stack.config.im_end_id and len(text) == j + 1 < MAX_TEXT
+    assert reply.text_ids == text
+    assert len(frames) == FRAMES and reply.codec_frames == frames
+
+
+def test_second_turn_talker_reads_both_user_turns_not_the_reply(q3):
+    """Turn two: the reference's talker reads every user turn and skips the system turn and the
+    earlier reply; our talker cache holds the same rows, so its frames equal generate's on the
+    whole conversation."""
+    path, ref = q3
+    stack = load_stack(path)
+    ex = Qwen3OmniExecutor(stack, max_reply_tokens=6, max_codec_tokens=FRAMES, **_greedy(stack))
+    first, second = _wave(1.2, seed=3), _wave(1.0, seed=4)
+    for i, w in enumerate((first, second)):
+        ex.begin_user_turn()
+        ex.add_user_audio(w.numpy())
+        ex.end_user_turn()
+        ex.start_reply()
+        while not ex.thinker_done:
+            ex.thinker_step()
+        while not ex.talker_done:
+            ex.talker_step()
+        if i == 0:
+            ex.finish_reply()
+    history = ex.ids[:ex.prompt_end]
+    text, frames, _ = reference_generate(ref, stack, history, [first, second], 6, FRAMES)
+    assert ex.reply_text_ids == text
+    assert ex.reply_codec_frames == frames
+    user = stack.config.user_id
+    # the talker's context: exactly the positions of the two user turns
+    assert int(ex.context_used[:ex.prompt_end].sum()) == sum(1 for r in turn_roles(history, stack.config.im_start_id) if r == user)
+
+
+def test_cut_in_next_turn_equals_fresh_prefill_of_the_heard_history(q3):
+    """After an interruption the next turn's thinker logits and talker frames equal an executor
+    that read the heard history from scratch."""
+    path, _ = q3
+    stack = load_stack(path)
+    ex = Qwen3OmniExecutor(stack, max_reply_tokens=10, max_codec_tokens=12, **_greedy(stack))
+    ex.begin_user_turn()
+    ex.add_user_audio(_wave(1.2, seed=5).numpy())
+    ex.end_user_turn()
+    ex.start_reply()
+    for _ in range(8):
+        ex.thinker_step()
+        ex.talker_step()
+    rollback = ex.interrupt(heard_samples=6 * ex.samples_per_code)
+    assert 0 < rollback.kept_text_tokens < 8
+    second = _wave(1.0, seed=6).numpy()
+
+    def next_turn(executor):
+        executor.begin_user_turn()
+        executor.add_user_audio(second)
+        executor.end_user_turn()
+        logits = executor.thinker.logits(executor._last_hidden)
+        executor.start_reply()
+        while not executor.thinker_done:
+            executor.thinker_step()
+        while not executor.talker_done:
+            executor.talker_step()
+        return logits, executor.reply_codec_frames
+
+    heard = list(ex.ids)
+    audio = ex._stored_audio(0, len(heard))
+    fresh = Qwen3OmniExecutor(stack, max_reply_tokens=10, max_codec_tokens=12, **_greedy(stack))
+    fresh._prefill(heard, audio)
+    fresh.turn_starts, fresh.head_lengths = list(ex.turn_starts), list(ex.head_lengths)
+    fresh.prompt_end = ex.prompt_end
+    got_logits, got_frames = next_turn(ex)
+    want_logits, want_frames = next_turn(fresh)
+    assert float((got_logits - want_logits).abs().max()) <= 1e-4
+    assert got_frames == want_frames and len(got_frames) == 12
+
+
+def test_streamed_audio_equals_one_shot_code2wav(q3):
+    """vocoder_step hands out each frame's audio as it exists; together they equal code2wav run on
+    the whole reply, and the first comes with the first frame."""
+    path, _ = q3
+    stack = load_stack(path)
+    ex = Qwen3OmniExecutor(stack, max_reply_tokens=8, max_codec_tokens=10, **_greedy(stack))
+    ex.begin_user_turn()
+    ex.add_user_audio(_wave(1.0, seed=7).numpy())
+    ex.end_user_turn()
+    ex.start_reply()
+    chunks, first_at = [], None
+    while not (ex.thinker_done and ex.talker_done):
+        if not ex.thinker_done:
+            ex.thinker_step()
+        code = ex.talker_step()
+        got = ex.vocoder_step(final=ex.talker_done) if code is not None or ex.talker_done else []
+        if got and first_at is None:
+            first_at = len(ex.reply_codec_frames)
+        chunks += got
+    assert first_at == 1
+    with torch.inference_mode():
+        one_shot = stack.code2wav(torch.tensor(ex.reply_codec_frames).T).numpy()
+    ours = np.concatenate(chunks)
+    assert ours.shape == one_shot.shape
+    assert np.abs(ours - one_shot).max() <= 1e-5
+
+
+def test_talk_no_vad_greedy_equals_transformers_generate(q3, tmp_path):
+    """``omnidesk talk --no-vad --greedy`` (the whole streamed path, as a subprocess): the prompt,
+    text and codebook-0 ids in its timeline, and the reply it played (which carries every codebook),
+    equal transformers' generate."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import soundfile as sf
+
+    path, ref = q3
+    stack = load_stack(path)
+    wave = _wave(1.6, seed=8)
+    sf.write(str(tmp_path / "q.wav"), wave.numpy(), 16000, subtype="FLOAT")
+    repo = Path(__file__).resolve().parent.parent
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(repo), os.environ.get("PYTHONPATH")])))
+    cmd = [sys.executable, "-m", "omnidesk", "talk", "--model", str(path), "--input", str(tmp_path / "q.wav"),
+           "--no-vad", "--greedy", "--fast", "--max-text-tokens", str(MAX_TEXT), "--max-codec-tokens", str(FRAMES),
+           "--output", str(tmp_path / "out.wav"), "--timeline", str(tmp_path / "t.json")]
+    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, f"omnidesk talk failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
+    turns = json.loads((tmp_path / "t.json").read_text())["turns"]
+    assert len(turns) == 1 and not turns[0]["interrupted"]
+    turn = turns[0]
+    text, frames, ref_wav = reference_generate(ref, stack, turn["prompt_token_ids"], [wave], MAX_TEXT, FRAMES)
+    assert turn["text_token_ids"] == text
+    assert turn["codec_token_ids"] == [f[0] for f in frames] and len(frames) == FRAMES
+    played, rate = sf.read(str(tmp_path / "out.wav"), dtype="float32")
+    assert rate == 24000
+    ref_wav = ref_wav.float().numpy()
+    start = int(np.flatnonzero(np.abs(played) > 0)[0]) - int(np.flatnonzero(np.abs(ref_wav) > 0)[0])
+    reply = played[start:start + ref_wav.size]
+    assert reply.size == ref_wav.size
+    # the WAV is 16-bit (steps of 3e-5), and the speaker fades the reply's last 5 ms out (no hard edge)
+    fade = int(DEFAULT_FADE_MS * rate / 1000)
+    assert np.abs(reply[:-fade] - ref_wav[:-fade]).max() <= 1e-4
