@@ -215,7 +215,11 @@ def test_recommended_and_patterns():
     import fnmatch
 
     assert set(RECOMMENDED) == {"Qwen/Qwen2.5-Omni-3B", "Qwen/Qwen2.5-Omni-7B", "kyutai/moshiko-pytorch-bf16",
-                                "kyutai/moshika-pytorch-bf16"}
+                                "kyutai/moshika-pytorch-bf16", "Qwen/Qwen3-Omni-30B-A3B-Instruct"}
+    # Qwen3-Omni: 15 shards + index, tokenizer, chat template and the processor configs
+    for name in ("model-00001-of-00015.safetensors", "model.safetensors.index.json", "chat_template.json",
+                 "preprocessor_config.json", "generation_config.json", "merges.txt"):
+        assert any(fnmatch.fnmatch(name, p) for p in ALLOW_PATTERNS), name
     assert RECOMMENDED["Qwen/Qwen2.5-Omni-3B"].gpu_memory_gb <= 16 < RECOMMENDED["Qwen/Qwen2.5-Omni-7B"].gpu_memory_gb
     assert "spk_dict.pt" in ALLOW_PATTERNS and "*.safetensors" in ALLOW_PATTERNS
     # the files of the published Moshi repos (FACTS.md) are fetched; their README is not
