@@ -285,7 +285,7 @@ def test_models_list_shows_real_checkpoints_with_the_demo(capsys, monkeypatch, h
     # the window's picker and the automatic choice still leave the demo to its own entry
     from omnidesk.gui.model_loader import catalog
 
-    assert [e.source for e in catalog()] == [REPO, DEMO, "moshi-demo"]
+    assert [e.source for e in catalog()] == [REPO, DEMO, "moshi-demo", "qwen3-demo"]
 
 
 def test_demo_resolves_by_name_but_a_folder_path_still_works(demo, tmp_path, monkeypatch):

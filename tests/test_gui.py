@@ -231,15 +231,16 @@ def _real_looking_copy(demo_dir: Path, hub: Path, repo: str) -> Path:
 def test_model_picker_opens_the_cached_checkpoint_and_lists_the_demo(qtbot, settings, tmp_path, demo_dir):
     assert choose_model(None, find=lambda: []).source == DEMO  # nothing real here: the demo
     _real_looking_copy(demo_dir, tmp_path / "hub", "Qwen/Qwen2.5-Omni-3B")
-    assert [e.source for e in catalog()] == ["Qwen/Qwen2.5-Omni-3B", DEMO, "moshi-demo"]
+    assert [e.source for e in catalog()] == ["Qwen/Qwen2.5-Omni-3B", DEMO, "moshi-demo", "qwen3-demo"]
     w = open_window(qtbot, settings, tmp_path, None, find_models=None)  # the real find_checkpoints
     wait_listening(qtbot, w)
     assert w.loaded.name == "Qwen/Qwen2.5-Omni-3B" and not w.loaded.demo
     assert not w.demo_banner.isVisible()
-    qtbot.waitUntil(lambda: w.model_picker.count() == 4)
+    qtbot.waitUntil(lambda: w.model_picker.count() == 5)
     items = [w.model_picker.itemText(i) for i in range(w.model_picker.count())]
-    assert items[0] == "Qwen/Qwen2.5-Omni-3B" and items[1].startswith("Demo model") and "folder" in items[3]
+    assert items[0] == "Qwen/Qwen2.5-Omni-3B" and items[1].startswith("Demo model") and "folder" in items[4]
     assert items[2] == "Moshi demo (full duplex) (replies are noise)"
+    assert "Qwen3-Omni" in items[3] and "noise" in items[3]
     assert w.model_picker.currentText() == "Qwen/Qwen2.5-Omni-3B"
     # picking the demo loads it in the background and says what it is
     w.model_picker.setCurrentIndex(1)

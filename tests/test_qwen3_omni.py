@@ -280,3 +280,39 @@ def test_talk_no_vad_greedy_equals_transformers_generate(q3, tmp_path):
     # the WAV is 16-bit (steps of 3e-5), and the speaker fades the reply's last 5 ms out (no hard edge)
     fade = int(DEFAULT_FADE_MS * rate / 1000)
     assert np.abs(reply[:-fade] - ref_wav[:-fade]).max() <= 1e-4
+
+
+def test_engine_steps_after_an_inference_mode_reply_on_the_same_model(q3):
+    """`omnidesk reply` / the check turn run under torch.inference_mode; the engine's worker
+    thread does not.  Nothing made in the first may be written in place by the second (a
+    predictor cache kept on the module was: "Inplace update to inference tensor")."""
+    path, _ = q3
+    stack = load_stack(path)
+    generate_reply(stack, _wave(0.8, seed=9), max_text_tokens=4, max_codec_tokens=3)
+    ex = Qwen3OmniExecutor(stack, max_reply_tokens=4, max_codec_tokens=3, **_greedy(stack))
+    ex.begin_user_turn()
+    ex.add_user_audio(_wave(0.8, seed=10).numpy())
+    ex.end_user_turn()
+    ex.start_reply()
+    while not (ex.thinker_done and ex.talker_done):
+        ex.thinker_step()
+        ex.talker_step()
+    assert len(ex.reply_codec_frames) == 3
+
+
+def test_the_real_model_is_refused_on_a_cpu_without_the_ram(tmp_path):
+    """The published config (about 130 GiB in fp32) on this machine's CPU: a clear refusal before
+    any weight is read, naming the need, what is free and what to do."""
+    import shutil
+    from pathlib import Path
+
+    from omnidesk.models.checkpoint import ModelTooLargeError
+    from omnidesk.models.memory import available_ram
+
+    shutil.copy(Path(__file__).parent / "data" / "qwen3_omni" / "config.json", tmp_path / "config.json")
+    if available_ram() > 200 * 2**30:
+        pytest.skip("this machine has the RAM to try")
+    with pytest.raises(ModelTooLargeError) as e:
+        load_stack(tmp_path, device="cpu")
+    msg = str(e.value)
+    assert str(tmp_path) in msg and "RAM" in msg and "GiB" in msg and "--device cuda" in msg

@@ -1,7 +1,7 @@
 """Which model and device to use when the user did not say (Qt-free: the CLI and the window share it).
 
 The model: the one configured (``--model``), else the one remembered from the
-window (its model picker), else the smallest intact Qwen2.5-Omni checkpoint in
+window (its model picker), else the smallest intact checkpoint (of any family) in
 the local Hugging Face cache, else the demo model (random weights: its replies
 are noise).  The device: ``cuda`` when torch can use a GPU, else ``cpu``; a
 device the user names is checked by :func:`check_device` before anything loads.

@@ -142,9 +142,12 @@ def download(repo_id: str, cache_dir: Path | None = None, endpoint: str | None =
     except (Exception, KeyboardInterrupt) as e:
         raise DownloadError(_describe(repo_id, e, where, repo_cache)) from e
 
-    if not (snapshot / "config.json").is_file() or not any(snapshot.glob("*.safetensors")):
-        raise DownloadError(f"{repo_id} on {where} does not look like a Qwen2.5-Omni checkpoint "
-                            f"(no config.json or *.safetensors in {snapshot}).")
+    from .families import FAMILIES, detect_family
+
+    if detect_family(snapshot) is None:  # Moshi's published repos have no config.json: ask the registry
+        raise DownloadError(f"{repo_id} on {where} does not look like a checkpoint OmniDesk can run "
+                            f"(no family recognises the files in {snapshot}; supported: "
+                            f"{', '.join(f.title for f in FAMILIES)}).")
     if default_cache or cache.resolve() == hf_hub_cache().resolve():
         try:
             found = resolve_checkpoint(repo_id)

@@ -231,7 +231,10 @@ def _qwen3_load(root: Path, device: str, options: LoadOptions) -> Loaded:
     demo = is_demo(stack.config.raw)
     info = {"path": str(stack.path), "family": "qwen3_omni", "demo": demo,
             "dtype": str(stack.dtype).replace("torch.", "")}
-    return Loaded(QWEN3, root, executor, str(stack.device), demo, list(stack.voices), info, stack)
+    # the default speaker first: front ends (the window's voice picker) start on voices[0], and without a
+    # voice the executor speaks as the reference does (Ethan), whatever order config.json lists them in
+    voices = sorted(stack.voices, key=lambda v: v != stack.default_voice)
+    return Loaded(QWEN3, root, executor, str(stack.device), demo, voices, info, stack)
 
 
 def _qwen3_verify(root: Path, report: VerifyReport, load_test: bool) -> None:

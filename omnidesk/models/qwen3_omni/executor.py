@@ -104,6 +104,7 @@ class Qwen3OmniExecutor(ThinkerTalkerExecutor):
         self.samples_per_code = self.code2wav.samples_per_frame
         self.talker_width = cfg.talker.text.hidden_size  # rows are projected into the talker's width
         self.talker_cache = self.talker.new_cache(capacity + max_codec_tokens + 16)
+        self.predictor_cache = self.talker.code_predictor.new_cache(stack.dtype, stack.device)  # one frame, reused
         self._setup(capacity, max_reply_tokens, system_prompt,
                     thinker_sampling or generation_defaults(stack.generation_config), chars_per_second)
         tail = self._turn_pieces["tail"]
@@ -186,7 +187,8 @@ class Qwen3OmniExecutor(ThinkerTalkerExecutor):
             r["talker_done"] = True
             return None
         codes = self.talker.code_predictor.expand(r["talker_hidden"], code0, self.talker,
-                                                  lambda logits, step: r["predictor_sampler"].choose(logits))
+                                                  lambda logits, step: r["predictor_sampler"].choose(logits),
+                                                  cache=self.predictor_cache)
         r["predictor_sampler"].reset()  # each frame's expansion is its own sequence in the reference
         r["codes"].append(codes)
         step_input = self.talker.frame_embedding(codes) + r["feed"].next()

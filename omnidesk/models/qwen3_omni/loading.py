@@ -27,6 +27,7 @@ from ..checkpoint import (DEFAULT_DEVICE_DTYPE, CheckpointError, MappingReport, 
                           copy_tensors, match_tensors, materialize, read_safetensors_header, require_file,
                           resolve_checkpoint, weight_files)
 from ..features import FeatureConfig
+from ..memory import available_ram, gib
 from ..qwen2_5_omni.tokenizer import Tokenizer
 from .code2wav import Code2Wav
 from .config import Qwen3OmniConfig
@@ -128,13 +129,20 @@ def load_stack(model: str | os.PathLike, device: str | torch.device = "cpu", dty
     if cfg.talker is None:
         raise CheckpointError(f"{root}: this checkpoint has no talker (enable_audio_output is false: a -Thinking "
                               f"or -Captioner model); OmniDesk needs one that speaks")
-    if device.type == "cuda":
-        from .memory import check_fits, estimate_memory
+    from .memory import check_fits, estimate_memory
 
+    if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
         problem = check_fits(estimate_memory(cfg, dtype, context_tokens), free)
         if problem:
             raise ModelTooLargeError(f"{root}: {problem}")
+    elif device.type == "cpu":
+        # the real model is ~130 GiB in fp32: say so instead of swapping the machine to a halt
+        need, free = estimate_memory(cfg, dtype, context_tokens).total, available_ram()
+        if free and need > free:
+            raise ModelTooLargeError(f"{root}: on the CPU in {str(dtype).removeprefix('torch.')} this model needs "
+                                     f"about {gib(need)} of RAM but only {gib(free)} is available; run it on a "
+                                     f"GPU with enough memory (--device cuda)")
     for name in ("tokenizer.json", "tokenizer_config.json", "preprocessor_config.json"):
         require_file(root, name)
     tokenizer = Tokenizer.from_dir(root)

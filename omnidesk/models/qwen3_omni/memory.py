@@ -1,8 +1,9 @@
 """How much memory a Qwen3-Omni checkpoint needs, and what to do when it does not fit.
 
 Weights are counted from our modules built on the meta device (vision is not
-loaded): for Qwen3-Omni-30B-A3B about 34.7 B parameters, 64.6 GiB in bf16,
-plus code2wav in fp32.  Every expert must be resident even though a token uses
+loaded): for Qwen3-Omni-30B-A3B 34.72 B parameters (64.7 GiB were all of them
+bf16): 64.3 GiB for the thinker and talker in bf16 plus 0.8 GiB for code2wav,
+kept in fp32.  Every expert must be resident even though a token uses
 8 of 128, so the weights dominate and a shorter context barely helps; the
 refusal says so and suggests what exists today.
 """

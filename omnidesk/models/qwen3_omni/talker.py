@@ -74,7 +74,6 @@ class CodePredictor(nn.Module):
         n = num_code_groups - 1
         self.codec_embedding = nn.ModuleList(nn.Embedding(cfg.vocab_size, cfg.hidden_size) for _ in range(n))
         self.lm_head = nn.ModuleList(nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False) for _ in range(n))
-        self._cache: KVCache | None = None
 
     def new_cache(self, dtype: torch.dtype | None = None, device=None) -> KVCache:
         """Room for one frame: the 2-position prefill and G-2 one-code steps."""
@@ -85,12 +84,11 @@ class CodePredictor(nn.Module):
         """The whole frame [code 0, code 1, ..., code G-1] from the talker's last hidden state [H]
         and its code 0 (embedded through ``talker``'s table).
 
-        ``cache`` (one frame's worth, :meth:`new_cache`) is reset and reused; by default the
-        predictor keeps its own, so no frame allocates."""
+        ``cache`` (one frame's worth, :meth:`new_cache`) is reset and reused: the executor owns
+        one, so no frame allocates.  Without it a fresh one is made: the module keeps no state (a
+        cache made under ``torch.inference_mode`` could not be written outside it later)."""
         if cache is None:
-            cache = self._cache
-            if cache is None or cache.k.dtype != talker_hidden.dtype or cache.k.device != talker_hidden.device:
-                cache = self._cache = self.new_cache(talker_hidden.dtype, talker_hidden.device)
+            cache = self.new_cache(talker_hidden.dtype, talker_hidden.device)
         cache.reset()
         x = torch.stack((talker_hidden, talker.codec_embed(code0).to(talker_hidden.dtype)))
         codes = [int(code0)]
