@@ -25,6 +25,16 @@ of them alike.
 
 Run:  .venv/bin/python bench/decode.py [--steps 200 --prompt 128 --warmup 20 --threads T --model DIR]
 Exit status 1 when our logits differ from transformers' by more than 1e-4.
+
+``--quant``: instead, our eager decode step with the low-VRAM weights (omnidesk/models/quant.py) against
+float32 and bfloat16, same schedule: int8 made on load (``_weight_int8pack_mm``), GPTQ and AWQ 4-bit
+checkpoints written by tests/quant_writer.py (round-to-nearest, group 128 where the sizes allow, else 32)
+on the int4pack kernel (``_weight_int4pack_mm_for_cpu``) and on the dequantize fallback, in a float32 and a
+bfloat16 model; the kernels compute in bfloat16 as shipped, and in float32 (``*_fp32_kernel``) to show why.  ``--size medium`` writes a larger checkpoint (hidden 1024, 4 layers; the
+tiny one is dominated by per-op overhead).  Reported per implementation: step times, the matmul path,
+and the max |logit diff| against float32 after the prompt.
+
+      .venv/bin/python bench/decode.py --quant --size medium --steps 100 --out bench/results/decode_quant.json
 """
 
 from __future__ import annotations
@@ -246,6 +256,155 @@ def first_divergence(a: list[int], b: list[int]) -> int | None:
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
 
 
+# ---------------------------------------------------------------- low-VRAM weights (--quant)
+
+MEDIUM = dict(  # a tiny.py variant big enough that the decoder's matmuls dominate a step
+    text=dict(hidden_size=1024, intermediate_size=2816, num_hidden_layers=4, num_attention_heads=8,
+              num_key_value_heads=2, head_dim=128, mrope_section=[16, 24, 24], rope_theta=1000000.0, tie=False),
+    audio=dict(d_model=32, encoder_layers=1, encoder_attention_heads=2, encoder_ffn_dim=64),
+    talker=dict(hidden_size=48, intermediate_size=96, num_hidden_layers=1, num_attention_heads=2,
+                num_key_value_heads=1, head_dim=24, mrope_section=[4, 4, 4]),
+)
+
+
+def time_decoders(makers: dict, args, total: int) -> tuple[dict, dict, dict]:
+    """Prefill and decode timings of every decoder ``makers[name]()`` makes: (prefill seconds, decode
+    step seconds after the warm-up, greedy ids), by name.
+
+    Prefill: fresh prefills, cache creation included, the first round a warm-up.  Decode: all
+    decoders are prefilled, then advance in blocks of ``args.block`` consecutive steps, taking turns
+    in a rotating order: within a block a decoder runs back to back (warm caches, as in a real
+    decode loop); across blocks, load from other processes on a shared machine hits every
+    implementation alike."""
+    names = list(makers)
+    prefill = {k: [] for k in names}
+    for r in range(args.prefill_repeats + 1):
+        for name in names:
+            gc.collect()
+            t0 = time.perf_counter()
+            makers[name]().prefill()
+            if r:
+                prefill[name].append(time.perf_counter() - t0)
+    block = total if args.schedule == "sequential" else 1 if args.schedule == "interleaved" else args.block
+    block = max(1, min(block, total))
+    times = {k: [] for k in names}
+    ids: dict[str, list[int]] = {}
+    for r in range(args.repeats):
+        gc.collect()
+        decs = {n: makers[n]() for n in names}
+        ids = {n: [d.prefill()] for n, d in decs.items()}
+        for c, lo in enumerate(range(0, total, block)):
+            k = (c + r) % len(names)
+            for n in names[k:] + names[:k]:
+                dec, seq, ts = decs[n], ids[n], times[n]
+                for i in range(lo, min(lo + block, total)):
+                    t0 = time.perf_counter()
+                    tok = dec.step()
+                    dt = time.perf_counter() - t0
+                    seq.append(tok)
+                    if i >= args.warmup:
+                        ts.append(dt)
+    return prefill, times, ids
+
+
+def quant_main(args) -> int:
+    import tiny
+    import quant_writer
+
+    from omnidesk.models.quant import quant_linears
+    from omnidesk.models.qwen2_5_omni.loading import load_stack
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    load_before = [round(x, 2) for x in os.getloadavg()]
+    tmp = tempfile.TemporaryDirectory(prefix="omnidesk-bench-quant-")
+    base = Path(tmp.name)
+    t_setup = time.perf_counter()
+    if args.model:
+        src, variant = Path(args.model), None
+    else:
+        variant = "medium" if args.size == "medium" else args.variant
+        if variant == "medium":
+            tiny.VARIANTS["medium"] = MEDIUM
+        src = base / "float"
+        tiny.write_checkpoint(src, variant)
+    text = json.loads((src / "config.json").read_text())["thinker_config"]["text_config"]
+    dims = (text["hidden_size"], text["intermediate_size"])
+    group = next(g for g in (128, 64, 32) if all(d % g == 0 for d in dims))
+    quant_writer.write_quantized(src, base / "gptq", "gptq", group=group, sym=True, fast=True)
+    quant_writer.write_quantized(src, base / "awq", "awq", group=group, fast=True)
+    f32, bf16 = torch.float32, torch.bfloat16
+    configs = {  # name -> (checkpoint, load_stack options)
+        "fp32": (src, dict(dtype=f32)),
+        "bf16": (src, dict(dtype=bf16)),
+        "int8_fp32": (src, dict(dtype=f32, quantize="int8")),
+        "int8_bf16": (src, dict(dtype=bf16, quantize="int8")),
+        "int8_fp32_kernel": (src, dict(dtype=f32, quantize="int8", kernel_dtype=f32)),
+        "gptq_int4_fp32": (base / "gptq", dict(dtype=f32)),
+        "gptq_int4_bf16": (base / "gptq", dict(dtype=bf16)),
+        "awq_int4_fp32": (base / "awq", dict(dtype=f32)),
+        "gptq_int4_fp32_kernel": (base / "gptq", dict(dtype=f32, kernel_dtype=f32)),
+        "gptq_int4_dequant_fp32": (base / "gptq", dict(dtype=f32, force_dequant=True)),
+    }
+    stacks = {name: load_stack(path, device="cpu", **kw) for name, (path, kw) in configs.items()}
+    setup_s = time.perf_counter() - t_setup
+    t = stacks["fp32"].config.thinker.text
+    specials = [i for i in stacks["fp32"].tokenizer.special_ids.values() if 0 <= i < t.vocab_size]
+    high = min(specials) if specials else t.vocab_size
+    g = torch.Generator().manual_seed(args.seed)
+    prompt = torch.randint(0, high, (args.prompt,), generator=g)
+    capacity = args.prompt + args.steps + args.warmup + 8
+    names = list(configs)
+    total = args.warmup + args.steps
+    with torch.inference_mode():
+        ref = OursDecoder(stacks["fp32"].thinker, prompt, capacity, static=False)
+        ref.prefill()
+        diffs = {}
+        for name in names:
+            d = OursDecoder(stacks[name].thinker, prompt, capacity, static=False)
+            d.prefill()
+            diffs[name] = round((d.logits - ref.logits).abs().max().item(), 6)
+        makers = {n: (lambda n=n: OursDecoder(stacks[n].thinker, prompt, capacity, static=False)) for n in names}
+        prefill, times, ids = time_decoders(makers, args, total)
+    tmp.cleanup()
+    impls = {}
+    for name in names:
+        st = stacks[name]
+        kernels = {str(m.kernel_dtype).removeprefix("torch.") for m in quant_linears(st.model).values() if m.kernel_dtype}
+        impls[name] = {**summarize(times[name], prefill[name]), "dtype": str(st.dtype).removeprefix("torch."),
+                       "weights": st.quantization["summary"] if st.quantization else "float",
+                       "kernel_dtype": ",".join(sorted(kernels)) or None,
+                       "max_abs_logit_diff_vs_fp32_after_prompt": diffs[name],
+                       "greedy_first_divergence_vs_fp32": first_divergence(ids["fp32"], ids[name])}
+    fp32 = impls["fp32"]["median_ms"]
+    result = {
+        "benchmark": "thinker decode step, low-VRAM weights vs float (ours, eager, CPU)",
+        "machine": {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
+                    "python": platform.python_version(), "cpu_count": os.cpu_count(), "torch": torch.__version__,
+                    "threads": torch.get_num_threads(), "load_avg_before": load_before,
+                    "load_avg_after": [round(x, 2) for x in os.getloadavg()]},
+        "checkpoint": {"source": "--model" if args.model else f"tests/tiny.py variant {variant}",
+                       "thinker_hidden": t.hidden_size, "thinker_intermediate": t.intermediate_size,
+                       "thinker_layers": t.num_layers, "thinker_vocab": t.vocab_size, "group_size": group,
+                       "quantizer": "round-to-nearest (tests/quant_writer.py), GPTQ v1 sym and AWQ GEMM layouts"},
+        "prompt_tokens": args.prompt, "decode_steps": args.steps, "warmup_steps": args.warmup,
+        "repeats": args.repeats, "schedule": args.schedule, "device": "cpu",
+        "implementations": impls,
+        "ratio_over_fp32_median": {k: round(v["median_ms"] / fp32, 3) for k, v in impls.items()},
+        "setup_s": round(setup_s, 2),
+        "note": "the int4/int8 logit diffs are quantization error (random weights), not kernel error; "
+                "tests/test_quant.py checks the kernels against the dequantized weights",
+    }
+    slow = max(v["slow_steps_frac"] for v in impls.values())
+    result["contended"] = slow > 0.05
+    text_out = json.dumps(result, indent=2)
+    print(text_out)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text_out + "\n")
+    return 0
+
+
 # ---------------------------------------------------------------- main
 
 def main(argv=None) -> int:
@@ -266,10 +425,19 @@ def main(argv=None) -> int:
                          "every step; sequential: each runs all its steps back to back")
     ap.add_argument("--block", type=int, default=25, help="steps per turn with --schedule blocked (default 25)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "decode.json"))
+    ap.add_argument("--quant", action="store_true",
+                    help="low-VRAM weights (int8, GPTQ/AWQ int4) against fp32/bf16 instead of transformers")
+    ap.add_argument("--size", choices=["tiny", "medium"], default="tiny",
+                    help="with --quant: the checkpoint written (tiny: --variant; medium: hidden 1024, 4 layers)")
+    ap.add_argument("--out", default=None, help="JSON file (default bench/results/decode.json, "
+                                                "decode_quant.json with --quant)")
     args = ap.parse_args(argv)
     if args.prompt < 1 or args.steps < 2 or args.warmup < 0 or args.repeats < 1:
         ap.error("need --prompt >= 1, --steps >= 2, --warmup >= 0, --repeats >= 1")
+    if args.out is None:
+        args.out = str(ROOT / "bench" / "results" / ("decode_quant.json" if args.quant else "decode.json"))
+    if args.quant:
+        return quant_main(args)
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -336,39 +504,8 @@ def main(argv=None) -> int:
         }
         names = list(makers)
 
-        # prefill: median of fresh prefills, cache creation included (ours: KVCache; theirs: DynamicCache and
-        # generate's position ids); the first round is a warm-up
-        prefill = {k: [] for k in names}
-        for r in range(args.prefill_repeats + 1):
-            for name in names:
-                gc.collect()
-                t0 = time.perf_counter()
-                makers[name]().prefill()
-                if r:
-                    prefill[name].append(time.perf_counter() - t0)
-
-        # All four decoders are prefilled, then advance in blocks of `block` consecutive steps, taking turns
-        # in a rotating order: within a block a decoder runs back to back (warm caches, as in a real decode
-        # loop); across blocks, load from other processes on a shared machine hits every implementation alike.
-        block = total if args.schedule == "sequential" else 1 if args.schedule == "interleaved" else args.block
-        block = max(1, min(block, total))
-        times = {k: [] for k in names}
-        ids: dict[str, list[int]] = {}
-        for r in range(args.repeats):
-            gc.collect()
-            decs = {n: makers[n]() for n in names}
-            ids = {n: [d.prefill()] for n, d in decs.items()}
-            for c, lo in enumerate(range(0, total, block)):
-                k = (c + r) % len(names)
-                for n in names[k:] + names[:k]:
-                    dec, seq, ts = decs[n], ids[n], times[n]
-                    for i in range(lo, min(lo + block, total)):
-                        t0 = time.perf_counter()
-                        tok = dec.step()
-                        dt = time.perf_counter() - t0
-                        seq.append(tok)
-                        if i >= args.warmup:
-                            ts.append(dt)
+        # prefill: cache creation included (ours: KVCache; theirs: DynamicCache and generate's position ids)
+        prefill, times, ids = time_decoders(makers, args, total)
 
         # transformers' generate as a whole: N tokens = its prefill + N-1 decode forwards
         gen_ids = None

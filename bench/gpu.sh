@@ -19,6 +19,13 @@ for size in 3b 7b; do
   PYTHONPATH=. python3 bench/random_stack.py --size "$size" --device cuda --dtype bfloat16 \
     --turns 3 --out "$out/omni_${size}.json" || rc=1
 done
+# Low VRAM (issue 15): the 7B with its thinker decoder linears in 4 bits (group 128, the published GPTQ/AWQ
+# layout; torch int4pack kernel) and in int8 (torch int8pack), random values written straight into QuantLinear.
+# Target: 4-bit peak GPU memory (gpu.max_allocated_gb) under 12 GB with talker and vocoder; ms/token in stages.
+for mode in int4 int8; do
+  PYTHONPATH=. timeout 400 python3 bench/random_stack.py --size 7b --device cuda --dtype bfloat16 \
+    --quantize "$mode" --turns 3 --out "$out/omni_7b_${mode}.json" || rc=1
+done
 # Moshi 7B: 250 timed frames (20 s) after 25 warm-up frames; target p50 <= 40 ms (half a frame)
 PYTHONPATH=. python3 bench/moshi_stack.py --size 7b --device cuda --dtype bfloat16 \
   --frames 250 --warmup 25 --out "$out/moshi_7b.json" || rc=1

@@ -12,7 +12,14 @@ voices are random, in the published spk_dict.pt shapes (cond [1, 192], ref_mel
 [1, 400, 80]), read through the loader's voice check.  Then `omnidesk bench`
 runs on it and the JSON lands in --out.
 
+``--quantize int4`` / ``int8`` builds the thinker's decoder linears as the low-VRAM paths hold them
+(omnidesk/models/quant.py): random 4-bit values in groups of 128 with fp16 scales (the layout of the
+published GPTQ/AWQ 7B), or random int8 with per-row scales, written straight into QuantLinear on the
+device; their float weights are never allocated, so the peak GPU memory is that of the quantized
+model.
+
     python3 bench/random_stack.py --size 7b --device cuda --dtype bfloat16 --out results/7b.json
+    python3 bench/random_stack.py --size 7b --device cuda --dtype bfloat16 --quantize int4 --out results/7b_int4.json
 """
 
 from __future__ import annotations
@@ -34,12 +41,45 @@ from omnidesk.models.qwen2_5_omni.config import OmniConfig  # noqa: E402
 from omnidesk.models.qwen2_5_omni.demo import PREPROCESSOR  # noqa: E402
 from omnidesk.models.features import FeatureConfig  # noqa: E402
 from omnidesk.models.checkpoint import materialize  # noqa: E402
-from omnidesk.models.qwen2_5_omni.loading import OmniModel, OmniStack, VoiceDims, voice_from_entry  # noqa: E402
-from omnidesk.models.random_init import init_module_  # noqa: E402
+from omnidesk.models.qwen2_5_omni.loading import (OmniModel, OmniStack, VoiceDims, quantizable_linears,  # noqa: E402
+                                                   voice_from_entry)
+from omnidesk.models.quant import IntWeights, describe_paths, path_summary, replace_linears  # noqa: E402
+from omnidesk.models.random_init import INIT_STD, init_module_  # noqa: E402
+
+GROUP = 128  # the published 4-bit checkpoints' group size
+
+
+def group_for(k: int) -> int:
+    """GROUP where it divides in_features (the real shapes); else the largest kernel group size that does, else one
+    group (the demo's sizes: that layer then runs the dequantize path)."""
+    return next((g for g in (GROUP, 64, 32) if k % g == 0), k)
 from omnidesk.models.qwen2_5_omni.tokenizer import Tokenizer, write_tokenizer_files  # noqa: E402
 
 
-def build(config_path: Path, device: str, dtype: torch.dtype, seed: int = 0) -> OmniStack:
+@torch.no_grad()
+def fill_quantized(modules: dict, linears: list, device: torch.device, dtype: torch.dtype, mode: str, seed: int) -> None:
+    """Random quantized weights about as large as INIT_STD floats: int4 q - 8 in [-8, 7] (std ~4.6), int8 in
+    [-127, 127] (std ~73), each times a constant scale."""
+    g = torch.Generator(device=device).manual_seed(seed + 1)
+    for lin in linears:
+        m = modules[lin.module]
+        n, k = lin.out_features, lin.in_features
+        if mode == "int4":
+            group = group_for(k)
+            groups = k // group
+            q = torch.randint(0, 16, (n, k), generator=g, device=device, dtype=torch.uint8)
+            w = IntWeights(q, torch.full((groups, n), 8, dtype=torch.int16, device=device),
+                           torch.full((groups, n), INIT_STD / 4.6, dtype=torch.float16, device=device),
+                           torch.arange(k, device=device) // group)
+            m.set_int4(w, device, dtype)
+            del q, w
+        else:
+            m.alloc_int8(device, dtype)
+            m.weight_int8.random_(-127, 128, generator=g)
+            m.weight_scales.fill_(INIT_STD / 73)
+
+
+def build(config_path: Path, device: str, dtype: torch.dtype, seed: int = 0, quantize: str | None = None) -> OmniStack:
     raw = json.loads(config_path.read_text())
     text_vocab = raw["thinker_config"]["text_config"]["vocab_size"]
     first = raw["thinker_config"]["audio_token_index"] - 3  # where the real added tokens begin
@@ -56,10 +96,14 @@ def build(config_path: Path, device: str, dtype: torch.dtype, seed: int = 0) -> 
     with torch.device("meta"):
         model = OmniModel(cfg)
     dev = torch.device(device)
+    linears = [lin for lin in quantizable_linears(cfg) if lin.module.startswith("thinker.")] if quantize else []
+    qmodules = replace_linears(model, [lin.module for lin in linears])  # no float weights for these
     materialize(model.thinker, dev, dtype)
     materialize(model.talker, dev, dtype)
     materialize(model.vocoder, dev, torch.float32)
     init_module_(model, torch.Generator(device=dev).manual_seed(seed))
+    if quantize:
+        fill_quantized(qmodules, linears, dev, dtype, quantize, seed)
     model.eval()
     cpu = torch.Generator().manual_seed(seed)
     dims = VoiceDims.of(cfg)
@@ -70,7 +114,11 @@ def build(config_path: Path, device: str, dtype: torch.dtype, seed: int = 0) -> 
         voices[name] = voice_from_entry(name, entry, dims, "random voices")
     return OmniStack(path=tmp, config=cfg, model=model, tokenizer=Tokenizer.from_dir(tmp),
                      features=FeatureConfig.from_preprocessor_config(tmp / "preprocessor_config.json"),
-                     voices=voices, generation_config={}, dtype=dtype, device=dev)
+                     voices=voices, generation_config={}, dtype=dtype, device=dev,
+                     quantization=None if not quantize else {
+                         "format": quantize, "label": f"random {quantize}", "group_size": GROUP if quantize == "int4" else None,
+                         "desc_act": False, "linears": len(qmodules), "paths": path_summary(model),
+                         "summary": f"random {quantize}: {describe_paths(path_summary(model))}"})
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -83,18 +131,29 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--interrupts", type=int,
                    help="interruptions timed (default 50 on a GPU; 3 on the CPU, where a real-size stack runs "
                         "~1 token/s and the run is a smoke test that every stage works at these shapes)")
+    p.add_argument("--quantize", choices=["none", "int4", "int8"], default="none",
+                   help="the thinker's decoder linears in 4 bits (group 128, as the published GPTQ/AWQ 7B) or int8")
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
     config = Path(args.config) if args.config else ROOT / "tests" / "data" / f"qwen2_5_omni_{args.size}" / "config.json"
     t0 = time.perf_counter()
-    stack = build(config, args.device, getattr(torch, args.dtype))
+    quantize = None if args.quantize == "none" else args.quantize
+    stack = build(config, args.device, getattr(torch, args.dtype), quantize=quantize)
     built = time.perf_counter() - t0
+    print(f"built in {built:.1f} s" + (f"; weights: {stack.quantization['summary']}" if quantize else ""),
+          file=sys.stderr)
     interrupts = args.interrupts if args.interrupts is not None else (50 if stack.device.type == "cuda" else 3)
     result = bench.run(stack, turns=args.turns, interrupts=interrupts, with_transformers=False)
     result["build_s"] = built
     result["config"] = str(config)
+    from omnidesk.models.qwen2_5_omni.memory import estimate_memory
+
+    estimate = estimate_memory(stack.config, stack.dtype, 8192, quantization=quantize, group_size=GROUP)
+    result["memory_estimate_gb"] = {"total_8192_tokens": estimate.total / 1e9, "weights": estimate.weights / 1e9,
+                                    "vocoder": estimate.vocoder / 1e9}
     if torch.cuda.is_available():
-        result["gpu"] = {"name": torch.cuda.get_device_name(), "max_allocated_gb": torch.cuda.max_memory_allocated() / 1e9}
+        result["gpu"] = {"name": torch.cuda.get_device_name(), "max_allocated_gb": torch.cuda.max_memory_allocated() / 1e9,
+                         "max_reserved_gb": torch.cuda.max_memory_reserved() / 1e9}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2))
     print(json.dumps(result, indent=2))

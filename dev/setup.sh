@@ -19,9 +19,9 @@ system_packages=(libportaudio2 libegl1 libgl1 libxkbcommon0 libfontconfig1 libgl
                  libxcb-render-util0 libxcb-shape0)
 # the test suite validates the desktop entry and the AppStream metainfo, runs a private PulseAudio
 # server with null sinks as virtual speaker and microphone, speaks test phrases with espeak-ng, and
-# opens the window on a virtual X server (Xvfb)
+# opens the window on a virtual X server (Xvfb); openssl makes the certificates of the remote tests' TLS server
 [ "${1:-}" = "--test" ] && system_packages+=(desktop-file-utils appstream pulseaudio pulseaudio-utils
-                                             libasound2-plugins espeak-ng xvfb xauth)
+                                             libasound2-plugins espeak-ng xvfb xauth openssl)
 missing=()
 if command -v dpkg >/dev/null 2>&1; then
   for p in "${system_packages[@]}"; do

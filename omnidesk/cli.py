@@ -55,6 +55,10 @@ def _prepare(args, out) -> Prepared:
     from omnidesk.models.choice import WHY_CONFIGURED, check_device, choose_model, default_device, why_default_device
     from omnidesk.models.families import demo_family, resolve_model
 
+    if getattr(args, "server", None):  # the model runs on a vLLM-Omni server (omnidesk/remote)
+        from omnidesk.remote.frontend import prepare_server
+
+        return prepare_server(args, out, Prepared)
     args.doing = "choosing the model"
     if args.device:
         device, device_why = check_device(args.device), "given with --device"
@@ -104,9 +108,15 @@ def _load(args, prepared: Prepared, out):
     saying which options the family has no use for and printing the demo notice where it applies."""
     from omnidesk.models.families import LoadOptions
 
+    if getattr(args, "server", None):  # connect instead: the model is the server's
+        from omnidesk.remote.frontend import load_server
+
+        return load_server(args, prepared, out)
+
     options = LoadOptions(greedy=bool(getattr(args, "greedy", False)), seed=int(getattr(args, "seed", 0) or 0),
                           voice=getattr(args, "voice", None), max_text_tokens=getattr(args, "max_text_tokens", None),
-                          max_codec_tokens=getattr(args, "max_codec_tokens", None))
+                          max_codec_tokens=getattr(args, "max_codec_tokens", None),
+                          quantize=None if getattr(args, "quantize", None) in (None, "none") else args.quantize)
     family = prepared.family
     ignored = ["--" + name.replace("_", "-") for name in family.ignored_options
                if getattr(options, name, None) is not None]
@@ -115,6 +125,9 @@ def _load(args, prepared: Prepared, out):
               f"{family.title}; ignored", file=out)
     args.doing = "loading the model"
     loaded = family.load(prepared.root, prepared.device, options)
+    quantization = loaded.model_info.get("quantization")
+    if quantization:  # which weights and which matmul path run (omnidesk/models/quant.py)
+        print(f"weights: {quantization['summary']}", file=out)
     if loaded.demo:
         print(f"NOTE: {family.demo_notice}", file=out)
     return loaded
@@ -247,6 +260,10 @@ def cmd_models_list(args) -> int:
         print(f"{info.name}{demo}\n    {info.path}\n    {info.title}{' (full duplex)' if info.duplex else ''}, "
               f"{info.size_bytes / 1e9:.2f} GB, {params} params, {info.dtype}, "
               f"voices: {', '.join(info.voices) or '-'}, {state}")
+        if info.quantization or info.memory:  # the weights' format and the GPU memory of each way to run it
+            modes = ", ".join(f"{mode} {m / 2**30:.1f} GiB" for mode, m in info.memory.items())
+            print(f"    weights: {info.quantization or 'not quantized'}"
+                  + (f"; GPU memory at 8192 tokens of context: {modes}" if modes else ""))
         for problem in info.problems:
             print(f"    problem: {problem}")
     if not any(not info.demo for info in found):
@@ -401,6 +418,11 @@ def cmd_talk(args) -> int:
     timeline.extra["false_barge_ins"] = engine.stats.false_barge_ins
     timeline.write(args.timeline)
     print(duplex_summary(timeline.extra.get("duplex") or {}) if prepared.duplex else latency_table(timeline))
+    if getattr(args, "server", None):  # each turn's network share; the server's audio notice
+        from omnidesk.remote.frontend import session_notes
+
+        for line in session_notes(timeline, args.remote_said):
+            print(line)
     print(f"wrote {args.output} ({speaker.clock_samples / speaker.sample_rate:.1f} s) and {args.timeline}")
     failure = getattr(engine, "failure", None)
     if failure is not None:
@@ -494,6 +516,11 @@ def cmd_live(args) -> int:
         elif kind in ("done", "interrupted"):
             turns_done[0] += 1
             print(latency_row(turns_done[0], payload), flush=True)
+            if getattr(args, "server", None):  # the turn's network share; the server's audio notice
+                from omnidesk.remote.frontend import turn_notes
+
+                for line in turn_notes(turns_done[0], payload, args.remote_said):
+                    print(line, flush=True)
             if args.turns and turns_done[0] >= args.turns:
                 finished.set()
         elif kind == "turn":
@@ -501,7 +528,10 @@ def cmd_live(args) -> int:
         elif kind == "error":
             errors.append(str(payload))
             print(f"error: {payload}", file=sys.stderr, flush=True)
-            finished.set()
+            if getattr(payload, "stage", None) == "server":  # a server's failure drops the turn, not the session
+                print("(the conversation goes on: say it again)", flush=True)
+            else:
+                finished.set()
 
     settings = LiveSettings(input_device=args.input_device, output_device=args.output_device,
                             headphones=args.headphones, barge_in_confirm_ms=args.barge_in_ms,
@@ -576,7 +606,7 @@ def cmd_default(args) -> int:
     if problem is None:
         from omnidesk.gui.app import print_demo_notice, run
 
-        return run(args.model, args.device, on_model_loaded=print_demo_notice)
+        return run(args.model, args.device, on_model_loaded=print_demo_notice, quantize=args.quantize)
 
     import torch
 
@@ -623,10 +653,23 @@ def _model_options(p: argparse.ArgumentParser, device: bool = True) -> None:
                        help=DEVICE_HELP + "." + BOTH_HELP.format(opt="--device"))
 
 
+QUANTIZE_HELP = ("weights: 'int8' quantizes a bf16/fp16/fp32 checkpoint's thinker linears to int8 (per output "
+                 "channel) while loading, about half the GPU memory of bf16; 'none' (default) runs them as stored. "
+                 "A GPTQ/AWQ 4-bit checkpoint runs 4-bit without it")
+
+
+def _quantize_option(p: argparse.ArgumentParser) -> None:
+    """--quantize of a command (lands in sub_quantize; merged with the top-level one by :func:`_merge_options`)."""
+    from omnidesk.models.quant import QUANTIZE_CHOICES
+
+    p.add_argument("--quantize", dest="sub_quantize", choices=QUANTIZE_CHOICES,
+                   help=QUANTIZE_HELP + "." + BOTH_HELP.format(opt="--quantize"))
+
+
 def _merge_options(args) -> None:
     """Apply the top-level --model/--device to the command; refuse them where they mean nothing."""
     command = " ".join(c for c in (args.command, getattr(args, "models_command", None)) if c)
-    for name in ("model", "device"):
+    for name in ("model", "device", "quantize"):
         top = getattr(args, name)
         if not hasattr(args, f"sub_{name}"):
             if top is not None and args.command is not None:
@@ -641,6 +684,7 @@ def _merge_options(args) -> None:
 
 def _build_parser() -> argparse.ArgumentParser:
     from omnidesk.engine.turn_judge import END_OF_TURN_CHOICES
+    from omnidesk.remote.frontend import add_server_options
     from omnidesk.models.families import FAMILIES, RECOMMENDED
 
     parser = argparse.ArgumentParser(
@@ -652,6 +696,9 @@ def _build_parser() -> argparse.ArgumentParser:
                                                      "models verify; a command's own --model must not differ.")
     parser.add_argument("--device", help=DEVICE_HELP + ". Applies to the window, reply, talk, live and bench; "
                                                        "a command's own --device must not differ.")
+    parser.add_argument("--quantize", choices=("none", "int8"),
+                        help=QUANTIZE_HELP + ". Applies to the window (and is remembered there), reply, talk, live "
+                                             "and bench.")
     parser.add_argument("--install-desktop-entry", action="store_true",
                         help="add OmniDesk to this user's desktop menu (entry + icons) and exit")
     sub = parser.add_subparsers(dest="command")
@@ -688,6 +735,7 @@ def _build_parser() -> argparse.ArgumentParser:
 
     reply = sub.add_parser("reply", help="answer one spoken question from a sound file")
     _model_options(reply)
+    _quantize_option(reply)
     reply.add_argument("--input", required=True,
                        help="WAV file with the question (any rate and channel count: mixed to mono and resampled)")
     reply.add_argument("--no-vad", action="store_true", help="do not refuse a file in which webrtcvad hears no speech")
@@ -701,6 +749,8 @@ def _build_parser() -> argparse.ArgumentParser:
 
     talk = sub.add_parser("talk", help="a scripted conversation from WAV files through the engine")
     _model_options(talk)
+    add_server_options(talk)
+    _quantize_option(talk)
     talk.add_argument("--input", action="append", required=True,
                       help="WAV file, one user utterance (repeatable; any rate and channel count)")
     talk.add_argument("--barge-in", help="SECONDS:FILE.wav played into the mic that long after the first reply starts")
@@ -723,6 +773,8 @@ def _build_parser() -> argparse.ArgumentParser:
 
     live = sub.add_parser("live", help="a conversation on real audio devices in the terminal")
     _model_options(live)
+    add_server_options(live)
+    _quantize_option(live)
     live.add_argument("--input-device", help="microphone: name (or part of it) or index (default: system default)")
     live.add_argument("--output-device", help="speaker: name (or part of it) or index (default: system default)")
     live.add_argument("--list-devices", action="store_true", help="list audio devices and exit")
@@ -739,6 +791,7 @@ def _build_parser() -> argparse.ArgumentParser:
 
     bench = sub.add_parser("bench", help="latency and throughput benchmark, JSON (vs transformers when installed)")
     _model_options(bench)
+    _quantize_option(bench)
     bench.add_argument("--turns", type=int, default=3, help="real-time turns per configuration")
     bench.add_argument("--interrupts", type=int, default=50)
     bench.add_argument("--no-transformers", action="store_true", help="skip the transformers side")

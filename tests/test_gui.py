@@ -236,9 +236,10 @@ def test_model_picker_opens_the_cached_checkpoint_and_lists_the_demo(qtbot, sett
     wait_listening(qtbot, w)
     assert w.loaded.name == "Qwen/Qwen2.5-Omni-3B" and not w.loaded.demo
     assert not w.demo_banner.isVisible()
-    qtbot.waitUntil(lambda: w.model_picker.count() == 5)
+    qtbot.waitUntil(lambda: w.model_picker.count() == 6)
     items = [w.model_picker.itemText(i) for i in range(w.model_picker.count())]
     assert items[0] == "Qwen/Qwen2.5-Omni-3B" and items[1].startswith("Demo model") and "folder" in items[4]
+    assert items[5] == "Server…"  # a vLLM-Omni server (test_gui_remote.py)
     assert items[2] == "Moshi demo (full duplex) (replies are noise)"
     assert "Qwen3-Omni" in items[3] and "noise" in items[3]
     assert w.model_picker.currentText() == "Qwen/Qwen2.5-Omni-3B"

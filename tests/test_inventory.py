@@ -192,9 +192,11 @@ def test_check_fits_7b_on_16gb_suggests_3b():
     msg = check_fits(e, 16 * GiB)
     fit_3b = max_context(SMALLER_SHAPE, torch.bfloat16, 16 * GiB)
     assert fit_3b == 32768  # capped at max_position_embeddings
+    # int8 (16.5 GiB) does not fit 16 GiB; a published 4-bit checkpoint of the 7B (13.4 GiB) does
     assert msg == ("The model (10.1B parameters) in bfloat16 with a context of 8192 tokens needs about 23.2 GiB "
-                   "but only 16.0 GiB is free. Try the smaller model Qwen/Qwen2.5-Omni-3B (about 11.9 GiB with "
-                   "8192 tokens of context; up to 32768 tokens fit); or running on the CPU (slower).")
+                   "but only 16.0 GiB is free. Try a 4-bit checkpoint of it, Qwen/Qwen2.5-Omni-7B-GPTQ-Int4 or "
+                   "Qwen/Qwen2.5-Omni-7B-AWQ (about 13.4 GiB); or the smaller model Qwen/Qwen2.5-Omni-3B (about "
+                   "11.9 GiB with 8192 tokens of context; up to 32768 tokens fit); or running on the CPU (slower).")
 
 
 def test_check_fits_suggests_shorter_context():
@@ -204,7 +206,8 @@ def test_check_fits_suggests_shorter_context():
     assert 8192 <= n < 32768 and n % 256 == 0
     assert estimate_memory(_config("3b"), torch.bfloat16, n).total <= free
     assert estimate_memory(_config("3b"), torch.bfloat16, n + 256).total > free
-    assert check_fits(e, free).endswith(f"Try a shorter context: at most {n} tokens fit; "
+    assert check_fits(e, free).endswith(f"Try a shorter context: at most {n} tokens fit; or loading it with "
+                                         f"--quantize int8 (about 10.4 GiB: the thinker's linears in int8); "
                                          "or running on the CPU (slower).")
 
 

@@ -588,9 +588,9 @@ def test_model_picker_lists_qwen3_and_opens_the_cached_checkpoint(request, monke
         qtbot.waitUntil(lambda: turn(w, 1) is not None and turn(w, 1).done, timeout=60000)
         assert turn(w, 1).text_tokens > 0
 
-        qtbot.waitUntil(lambda: w.model_picker.count() == 5)
+        qtbot.waitUntil(lambda: w.model_picker.count() == 6)
         items = [w.model_picker.itemText(i) for i in range(w.model_picker.count())]
-        assert items[:4] == [e.label for e in entries] and "folder" in items[4]
+        assert items[:4] == [e.label for e in entries] and "folder" in items[4] and items[5] == "Server…"
         assert w.model_picker.currentData() == "qwen3-demo"
         index = w.model_picker.findData(REPO3)
         w.model_picker.setCurrentIndex(index)

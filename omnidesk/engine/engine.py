@@ -18,9 +18,11 @@ Pipeline.  A reply runs thinker, talker and vocoder steps interleaved: the
 talker starts from the first thinker tokens, the vocoder emits a chunk as soon
 as it has enough codes, and chunks go to the speaker at once (or are held
 while PREEMPTING).  Backpressure: the thinker runs at most ``thinker_lead``
-tokens ahead of the talker, and generation pauses while more than
+tokens ahead of the talker (unless the executor has no local talker: a server
+streams text and speech already made), and generation pauses while more than
 ``max_audio_ahead_s`` of audio waits to be played, so memory stays flat in
-long replies.
+long replies.  What only the executor knows about a turn (a remote executor's
+network times) comes from its ``turn_extras`` hook into the turn's ``extra``.
 
 Failures.  An exception in any stage (encoder, thinker, talker, vocoder, voice,
 speaker) ends its turn as failed instead of killing a task silently: playback
@@ -168,6 +170,13 @@ class Engine:
             raise
         except Exception as e:  # noqa: BLE001 - re-raised with its stage
             raise StageError(at, e) from e
+
+    def _collect_extras(self, turn: TurnTimeline | None) -> None:
+        """The executor's own per-turn timeline fields (Executor.turn_extras) into the turn."""
+        if turn is not None:
+            extras = self.ex.turn_extras(self.now)
+            if extras:
+                turn.extra.update(extras)
 
     def _set_state(self, state: TurnState) -> None:
         if state != self.state:
@@ -383,13 +392,15 @@ class Engine:
             turn.mark("audio_encoded", t)
             turn.mark("prefill_done", t)
             await self._work(self.ex.start_reply, self.config.voice, self.config.seed, at="thinker")
+            self._collect_extras(turn)
             while True:
                 if self._audio_ahead(reply) > self.config.max_audio_ahead_s:
                     self._progress.set()  # blocked on playback
                     await asyncio.sleep(0.01)
                     self._drain_pending(reply)
                     continue
-                lead_ok = len(turn.text_token_ids) - len(turn.codec_token_ids) < self.config.thinker_lead
+                lead_ok = not self.ex.local_talker or \
+                    len(turn.text_token_ids) - len(turn.codec_token_ids) < self.config.thinker_lead
                 out = await self._work(self._pipeline_step, lead_ok)
                 self.stats.steps += 1
                 if out.text_token is not None:
@@ -404,6 +415,7 @@ class Engine:
                     reply.produced_samples += chunk.size
                 self._drain_pending(reply)
                 if out.text_token is not None or out.audio:
+                    self._collect_extras(turn)
                     self.on_update("reply", turn)
                 if self.ex.talker_done and self.ex.thinker_done and not out.audio:
                     break
@@ -421,6 +433,7 @@ class Engine:
                 self.speaker.end_reply()
             turn.played_audio_s = self._heard(reply) / self.ex.sample_rate_out
             await self._work(self.ex.finish_reply, at="thinker")
+            self._collect_extras(turn)
             if self._reply is reply:
                 self._reply = None
                 self._set_state(TurnState.LISTENING)
@@ -459,6 +472,7 @@ class Engine:
         overflows = self.ex.take_overflows()  # drops this turn made before it failed stay reported
         if overflows and turn is not None:
             turn.extra.setdefault("cache_overflow", []).extend(overflows)
+        self._collect_extras(turn)
         failure = TurnFailure(stage=stage_name, message=message, t=self.now, turn=turn, conversation_kept=kept)
         if turn is not None:
             turn.extra["error"] = {"stage": stage_name, "message": message, "t": self.now,
@@ -542,6 +556,7 @@ class Engine:
             turn.extra.setdefault("cache_overflow", []).extend(overflows)
         if not turn.prompt_token_ids:  # cut during the prefill: the executor closed the turn
             turn.prompt_token_ids = list(self.ex.turn_prompt_ids)
+        self._collect_extras(turn)
         if self._paused_at is not None:  # a voice barge-in: playback was paused at the speech onset
             turn.extra["playback_paused"] = self._paused_at
         turn.interrupt(BargeIn(onset=onset, confirmed=confirmed, playback_stopped=stopped,

@@ -22,7 +22,18 @@ the conversation goes on.  Executors tag their exceptions with the stage they
 come from (``with stage("vocoder"): ...``); the engine reports it.
 
 ``mark()`` / ``rollback(mark)`` undo everything since the mark in O(1) (a
-preemptive reply whose user kept talking).  What each family must define is
+preemptive reply whose user kept talking).
+
+Two optional, additive hooks (defaults keep every local executor as it was):
+
+* ``turn_extras(now)``: per-turn fields for the timeline that only the executor
+  knows (the remote executor's ``network`` record).  The engine merges what it
+  returns into the current turn's ``extra`` whenever it reports the turn.
+* ``local_talker``: True (the default) when the talker runs here and reads the
+  thinker's tokens, so the engine keeps the thinker at most
+  ``EngineConfig.thinker_lead`` tokens ahead of it.  An executor whose text and
+  speech arrive already made (a server streaming both) sets it False: there is
+  nothing to pace, and its ``vocoder_step`` hands over audio as it arrives.  What each family must define is
 listed as abstract methods below; a Qwen3-Omni executor would expand its 16
 codebooks in ``talker_step`` (MTP head) and a Moshi-style executor would run
 its depth transformer there, each with its own vocoder in ``vocoder_step``.
@@ -37,7 +48,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 
-STAGES = ("encoder", "thinker", "talker", "vocoder", "voice", "speaker", "engine")
+# "server": a remote executor's model server (omnidesk.remote): unreachable, refused, or failed mid-reply
+STAGES = ("encoder", "thinker", "talker", "vocoder", "voice", "speaker", "engine", "server")
 
 
 class StageError(RuntimeError):
@@ -85,6 +97,9 @@ class Executor(ABC):
     sample_rate_in: int  # what add_user_audio takes (16 kHz for Qwen2.5-Omni)
     sample_rate_out: int  # what the vocoder emits (24 kHz)
     block_samples: int  # input samples per encoder block (prefilled while the user speaks)
+    # The talker runs here and reads the thinker's tokens (the engine paces the thinker against
+    # it); False for an executor whose text and speech arrive already made (see the module docstring).
+    local_talker: bool = True
 
     # conversation ---------------------------------------------------------------------
     @abstractmethod
@@ -155,6 +170,14 @@ class Executor(ABC):
     def take_overflows(self) -> list[dict]:
         """Cache-full events since the last call (old turns dropped and the rest re-prefilled)."""
         return []
+
+    def turn_extras(self, now: float) -> dict:
+        """Timeline fields of the current turn that only the executor knows, merged into the turn's
+        ``extra`` (timeline.py) each time the engine reports the turn; the latest value of a key
+        wins.  ``now``: the session time of this call, for an executor that stamps events on a
+        clock of its own (it maps a stamp s to ``now - (its clock now - s)``).  Keys must not be
+        contract fields.  Called on the engine's loop, not the worker: it must not block.  Default: none."""
+        return {}
 
     def abandon_turn(self) -> bool:
         """A turn failed part-way: forget it and its reply, back to the conversation before it.

@@ -12,7 +12,7 @@ first_audio_chunk, playback_start, reply_done}, ``prompt_token_ids``,
 
 A failed turn (an exception in one of its stages; the engine drops the turn
 and listens again) carries ``error``: {``stage`` (encoder, thinker, talker,
-vocoder, voice, speaker or engine), ``message``, ``t`` (session time),
+vocoder, voice, speaker, engine, or server for a remote model), ``message``, ``t`` (session time),
 ``conversation_kept`` (false when the model state had to be cleared)}.  It is
 additive: a turn without it did not fail.  Its events stop where it failed.
 
@@ -22,6 +22,21 @@ model), ``ended_by`` ("silence", "model" or "length"; null before the
 endpoint), ``scores``: [{``t``, ``silence_ms``, ``p_complete``, ``decision``
 ("complete", "incomplete", "unsure"), ``cpu_ms``}, ...] (the model's verdicts
 at the turn's pauses, oldest first; empty for the fixed rule)}.
+
+A turn whose model runs on a vLLM-Omni server (``omnidesk.remote``; additive,
+reported by the executor through ``Executor.turn_extras``) carries ``network``:
+{``server``, ``model``, ``request`` (the session's request count), session
+times ``request_sent``, ``connected`` (a new connection only), ``first_byte``
+(the response headers), ``first_text``, ``first_audio``, ``end``, ``aborted``
+(a barge-in closed the stream), each also as ``<name>_ms`` after
+``request_sent``; ``new_connection``, ``text_deltas``, ``audio_chunks``,
+``audio_s``, ``bytes``, ``audio_only_at_end`` (true: the reply's audio came in
+one piece after its text; null: cannot tell) and ``error`` (null, or the
+failure's message)}.  The session times are the executor's monotonic stamps
+mapped through the engine's clock when it collects them (exact when the session
+runs in real time, approximate in ``talk --fast``); the ``_ms`` values are exact.
+For such a turn ``prompt_token_ids`` and ``codec_token_ids`` are empty (the
+server does not send them) and ``text_token_ids`` number the text deltas.
 
 Times are seconds on the session monotonic clock (0 = first input frame).
 A time that did not happen is ``None``/``null``, never invented: that is why

@@ -63,9 +63,11 @@ def _icon():
     return icon
 
 
-def run(model: str | None = None, device: str | None = None, on_model_loaded=None, argv: list[str] | None = None) -> int:
+def run(model: str | None = None, device: str | None = None, on_model_loaded=None, argv: list[str] | None = None,
+        quantize: str | None = None) -> int:
     """Open the window and run the event loop.  ``on_model_loaded(LoadedModel)`` runs on the UI
-    thread once a model is ready (the CLI prints the demo notice there)."""
+    thread once a model is ready (the CLI prints the demo notice there); ``quantize`` ("none", "int8")
+    overrides the weights setting the window remembers, and is remembered."""
     from PySide6.QtWidgets import QApplication
 
     from .errors import setup_logging
@@ -80,7 +82,7 @@ def run(model: str | None = None, device: str | None = None, on_model_loaded=Non
     app.setDesktopFileName(APP_ID)
     app.setWindowIcon(_icon())
     log_path = setup_logging()
-    window = MainWindow(Settings(), model=model, device=device, log_path=log_path)
+    window = MainWindow(Settings(), model=model, device=device, log_path=log_path, quantize=quantize)
     if on_model_loaded is not None:
         window.model_loaded.connect(on_model_loaded)
     window.show()
@@ -95,12 +97,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m omnidesk.gui", description="The OmniDesk window.")
     parser.add_argument("--model", help="checkpoint dir, cached repo id, or 'demo' (default: the best available)")
     parser.add_argument("--device", help="cpu or cuda (default: cuda when available)")
+    parser.add_argument("--quantize", choices=("none", "int8"), help="load the weights in int8 (default: as stored)")
     args = parser.parse_args(argv)
     problem = display_problem()
     if problem:
         print(f"error: {problem}", file=sys.stderr)
         return 1
-    return run(args.model, args.device, on_model_loaded=print_demo_notice)
+    return run(args.model, args.device, on_model_loaded=print_demo_notice, quantize=args.quantize)
 
 
 def print_demo_notice(loaded) -> None:

@@ -55,6 +55,7 @@ class TurnView:
     paused_at: float | None = None  # voice barge-in: when playback was paused at the speech onset
     failed: str | None = None  # the turn failed: what went wrong, in words (the turn was dropped)
     end_of_turn: dict | None = None  # a copy of the turn's end_of_turn record (timeline.py): detector, scores
+    network: dict | None = None  # a remote model's request times (omnidesk.remote: the turn's "network" record)
 
     @property
     def end_of_turn_text(self) -> str | None:
@@ -76,6 +77,14 @@ class TurnView:
             waited = f"silence {(self.endpoint - self.user_speech_end) * 1000:.0f} ms"
             return waited + (f" (model: {verdict})" if verdict else "")
         return verdict
+
+    @property
+    def network_text(self) -> str | None:
+        """A remote model: when the server's first byte, text and audio came, and its share of the
+        voice-to-voice time (None for a local model)."""
+        from omnidesk.remote.summary import network_summary
+
+        return network_summary(self.network, self.voice_to_voice_s)
 
     @property
     def user_speech_s(self) -> float | None:
@@ -269,7 +278,8 @@ class EngineBridge(QObject):
                         done=final and not turn.interrupted and failed is None, failed=failed,
                         interrupted=bool(turn.interrupted), barge_in=barge_in, heard_text=heard,
                         preemptive=turn.extra.get("preemptive"), paused_at=turn.extra.get("playback_paused"),
-                        end_of_turn=copy.deepcopy(turn.extra.get("end_of_turn")))
+                        end_of_turn=copy.deepcopy(turn.extra.get("end_of_turn")),
+                        network=copy.deepcopy(turn.extra.get("network")))
 
     def _post_turn(self, view: TurnView) -> None:
         with self._lock:

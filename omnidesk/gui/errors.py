@@ -64,6 +64,8 @@ def plain_message(exc: BaseException, doing: str) -> str:
         return as_sentence(_first_line(text))
     if name == "TurnModelUnavailable":  # "Smart Turn model" picked but not installed: the message says what to install
         return as_sentence(_first_line(text)) + " Or choose Auto or Silence under End of turn."
+    if name == "ServerError":  # a vLLM-Omni server (omnidesk.remote): the message names it and says what failed
+        return as_sentence(_first_line(text))
     if name == "AudioDeviceError":
         return as_sentence(_first_line(text))  # the audio layer already names the device in plain words
     if name == "EchoCancellerUnavailable":

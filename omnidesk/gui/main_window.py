@@ -32,7 +32,7 @@ from pathlib import Path
 from PySide6.QtCore import QEvent, QObject, Qt, QTimer, QUrl, Signal
 from PySide6.QtGui import QAction, QDesktopServices, QKeySequence
 from PySide6.QtWidgets import (QAbstractSpinBox, QComboBox, QFileDialog, QFormLayout, QGroupBox, QHBoxLayout,
-                               QLabel, QLineEdit, QMainWindow, QProgressBar, QPushButton, QScrollArea,
+                               QInputDialog, QLabel, QLineEdit, QMainWindow, QProgressBar, QPushButton, QScrollArea,
                                QSpinBox, QSplitter, QTextEdit, QVBoxLayout, QWidget)
 
 from omnidesk.audio.session import LiveSession, LiveSettings
@@ -58,6 +58,8 @@ PAINT_HZ = 15
 INTERRUPTED_FLASH_S = 1.5  # how long "Interrupted" stays up after a cut
 DUPLEX_RECOVERED_FRAMES = 13  # a duplex model stepping this many frames (~1 s) after a failure works again
 CHOOSE_FOLDER = "\x00choose-folder"  # model picker item that opens a folder dialog
+CHOOSE_SERVER = "\x00choose-server"  # model picker item that asks for a vLLM-Omni server's URL (omnidesk.remote)
+REMOTE_BADGE_STYLE = "background: #b3261e; color: white; font-weight: bold; padding: 2px 8px; border-radius: 3px"
 STOP_TIP = "Stop the reply now (Esc): same as cutting in by voice"
 END_OF_TURN_ITEMS = (("Auto (model when installed)", "auto"), ("Smart Turn model", "smart"),
                      ("Silence (400 ms)", "fixed"))
@@ -137,10 +139,13 @@ class MainWindow(QMainWindow):
 
     def __init__(self, settings: Settings, model: str | None = None, device: str | None = None, *,
                  session_factory=default_session_factory, list_devices=device_list.list_devices,
-                 find_models=None, log_path: Path | None = None, live_available: bool | None = None):
+                 find_models=None, log_path: Path | None = None, live_available: bool | None = None,
+                 quantize: str | None = None):
         super().__init__()
         self.settings = settings
         self.requested_model = model  # the command line's --model wins over the remembered one
+        if quantize in ("none", "int8"):  # the command line's --quantize wins too, and is remembered
+            settings.quantize = quantize
         self.device = device
         self.list_devices = list_devices
         self.find_models = find_models
@@ -278,6 +283,15 @@ class MainWindow(QMainWindow):
         self.voice_picker.setAccessibleName("Voice")
         self.voice_picker.activated.connect(self._on_voice_picked)
         form.addRow("Voic&e", self.voice_picker)
+        self.weights_picker = QComboBox()  # how the weights are loaded (omnidesk/models/quant.py)
+        self.weights_picker.setAccessibleName("Weights")
+        self.weights_picker.addItem("As stored (bf16, or the checkpoint's 4-bit)", "none")
+        self.weights_picker.addItem("int8 (about half the GPU memory)", "int8")
+        self.weights_picker.setCurrentIndex(max(0, self.weights_picker.findData(self.settings.quantize)))
+        self.weights_picker.setToolTip("int8: the thinker's linears are quantized to int8 while loading; "
+                                       "a GPTQ/AWQ checkpoint runs 4-bit either way. Reloads the model.")
+        self.weights_picker.activated.connect(self._on_weights_picked)
+        form.addRow("&Weights", self.weights_picker)
         panel.addWidget(model)
 
         testing = QGroupBox("Interruption testing")
@@ -327,6 +341,12 @@ class MainWindow(QMainWindow):
         self.statusBar().addWidget(self.progress_label, 1)
         self.statusBar().addPermanentWidget(self.progress)
         self.progress.hide()
+        # Privacy: whenever a server is the model, the window says so, always in view
+        self.remote_badge = QLabel()
+        self.remote_badge.setStyleSheet(REMOTE_BADGE_STYLE)
+        self.remote_badge.setAccessibleName("Remote model")
+        self.statusBar().addPermanentWidget(self.remote_badge)
+        self.remote_badge.hide()
 
         self.overlay = LatencyOverlay(self)
         self.overlay.export_requested.connect(self.choose_export)
@@ -395,8 +415,9 @@ class MainWindow(QMainWindow):
         """Load ``source`` (None: the best available) in the background; the window stays usable."""
         self.loading = True
         self.error_banner.hide()
+        self.remote_badge.hide()  # no model until this one is loaded (a server's shows it again)
         self._set_progress("Looking for models")
-        find, device = self.find_models, self.device
+        find, device, quantize = self.find_models, self.device, self.settings.quantize
 
         self._load_id += 1
         load_id = self._load_id
@@ -404,7 +425,7 @@ class MainWindow(QMainWindow):
         def work(progress):
             progress("Looking for models")
             choice = choose_model(source, find)
-            return load_id, load_model(choice, device, progress)
+            return load_id, load_model(choice, device, progress, quantize=quantize)
 
         self.conversation.close()
         old, self.loaded = self.loaded, None
@@ -440,6 +461,7 @@ class MainWindow(QMainWindow):
         if voice is not None:
             self.voice_picker.setCurrentIndex(loaded.voices.index(voice))
         self._show_model_kind(loaded.duplex)
+        self._show_remote(loaded)
         self._select_model_item(loaded.choice)
         self.model_loaded.emit(loaded)
         self.open_session()
@@ -466,13 +488,16 @@ class MainWindow(QMainWindow):
         for e in entries:
             self.model_picker.addItem(e.label, e.source)
         self.model_picker.addItem("Choose a checkpoint folder…", CHOOSE_FOLDER)
+        self.model_picker.addItem("Server…", CHOOSE_SERVER)
         if self.loaded is not None:
             self._select_model_item(self.loaded.choice)
 
     def _select_model_item(self, choice: ModelChoice) -> None:
         index = self.model_picker.findData(choice.source)
-        if index < 0:  # a folder picked by hand or given on the command line
-            index = self.model_picker.count() - 1 if self.model_picker.count() else 0
+        if index < 0:  # a folder picked by hand or given on the command line, a server
+            index = self.model_picker.findData(CHOOSE_FOLDER)  # before the items that ask for one
+            if index < 0:
+                index = self.model_picker.count() - 1 if self.model_picker.count() else 0
             self.model_picker.insertItem(max(0, index), choice.name, choice.source)
             index = self.model_picker.findData(choice.source)
         self.model_picker.setCurrentIndex(index)
@@ -486,10 +511,54 @@ class MainWindow(QMainWindow):
                     self._select_model_item(self.loaded.choice)
                 return
             source = folder
+        elif source == CHOOSE_SERVER:
+            url = self.ask_server_url()
+            if not url:
+                if self.loaded is not None:
+                    self._select_model_item(self.loaded.choice)
+                return
+            source = url
         if self.loaded is not None and source == self.loaded.choice.source:
             return
         self.settings.model = source
         self.load(source)
+
+    def ask_server_url(self) -> str | None:
+        """"Server…": the URL of a vLLM-Omni server (remembered); None when the user cancels."""
+        url, ok = QInputDialog.getText(
+            self, "Run the model on a server",
+            "URL of a vLLM-Omni server (vllm serve MODEL --omni), e.g. http://gpu-box:8091.\n"
+            "Your voice is sent to it. An API key comes from the OMNIDESK_API_KEY environment variable.",
+            QLineEdit.EchoMode.Normal, self.settings.server or "http://")
+        url = url.strip()
+        if not ok or not url or url in ("http://", "https://"):
+            return None
+        self.settings.server = url
+        return url
+
+    def _show_remote(self, loaded: LoadedModel | None, notice: str | None = None) -> None:
+        """The "remote" badge while a server is the model, with what the server does differently
+        (its audio only when a reply is complete: said in the badge as long as it is true)."""
+        remote = loaded.remote if loaded is not None else None
+        self.remote_badge.setVisible(bool(remote))
+        if not remote:
+            return
+        notice = notice or loaded.executor.notice
+        host = remote.split("://", 1)[-1]
+        self.remote_badge.setText(f"REMOTE · {host}" + (" · audio only when a reply is complete" if notice else ""))
+        self.remote_badge.setToolTip(f"The model ({loaded.family_title}) runs on {remote}: what you say is sent "
+                                     f"there." + (f" Note: {as_sentence(notice)}" if notice else ""))
+        self.setWindowTitle(f"OmniDesk: {loaded.family_title} on {host} (remote)")
+        if notice:
+            self.statusBar().showMessage(as_sentence(notice), 15000)
+
+    def _on_weights_picked(self, index: int) -> None:
+        value = self.weights_picker.itemData(index)
+        if value == self.settings.quantize:
+            return
+        self.settings.quantize = value
+        # reload the model in use (or the one being loaded) with the new weights; a later load wins
+        self.load(self.loaded.choice.source if self.loaded is not None else self.requested_model or self.settings.model)
 
     def _on_voice_picked(self, index: int) -> None:
         voice = self.voice_picker.itemData(index)
@@ -666,6 +735,10 @@ class MainWindow(QMainWindow):
         if failed is not None and view.done and view.number > failed:  # a later turn worked
             self._failed_turn = None
             self.error_banner.hide()
+        if view.network and view.network.get("audio_only_at_end") and "only when" not in self.remote_badge.text():
+            from omnidesk.remote.executor import AUDIO_AT_END_NOTICE
+
+            self._show_remote(self.loaded, AUDIO_AT_END_NOTICE)  # learnt from a reply: said from now on
         self.transcript.show_turn(view)
         self.overlay.show_turn(view)
 

@@ -38,6 +38,7 @@ class LoadedModel:
     demo_notice: str = ""  # the family's words on its demo (shown when ``demo``)
     duplex: bool = False  # full duplex (no turns, one step per frame)
     model_info: dict = field(default_factory=dict)  # the family's description for the timeline
+    remote: str | None = None  # the server's URL when the model runs on a vLLM-Omni server (omnidesk.remote)
 
     @property
     def name(self) -> str:
@@ -78,10 +79,18 @@ def catalog(find=None) -> list[CatalogEntry]:
     return entries
 
 
-def load_model(choice: ModelChoice, device: str | None, progress: Callable[[str], None]) -> LoadedModel:
-    """Resolve and load ``choice`` through its family (worker thread).  Raises DeviceError (a ``device``
+def load_model(choice: ModelChoice, device: str | None, progress: Callable[[str], None],
+               quantize: str | None = None) -> LoadedModel:
+    """Resolve and load ``choice`` through its family (worker thread); ``quantize`` "int8" loads a float
+    checkpoint's linears in int8 (families that cannot ignore it).  Raises DeviceError (a ``device``
     this machine cannot use) and the loader's errors (CheckpointError, ModelTooLargeError, ...) for
     :func:`omnidesk.gui.errors.plain_message`."""
+    from omnidesk.remote.frontend import is_server_url
+
+    if is_server_url(choice.source):  # "Server…": the model runs on a vLLM-Omni server, nothing loads here
+        from omnidesk.remote.frontend import load_server_model
+
+        return load_server_model(choice, progress, LoadedModel)
     from omnidesk.models.families import LoadOptions, demo_family, resolve_model
 
     device = check_device(device) if device else default_device()
@@ -89,12 +98,15 @@ def load_model(choice: ModelChoice, device: str | None, progress: Callable[[str]
         progress("Preparing the demo model")
     root, family = resolve_model(choice.source, make_demo=True)
     progress(f"Loading {choice.name} on {device}")
-    loaded = family.load(root, device, LoadOptions())
+    int8 = quantize == "int8" and "quantize" not in family.ignored_options
+    loaded = family.load(root, device, LoadOptions(quantize="int8" if int8 else None))
     if loaded.demo and demo_family(choice.source) is None:  # a demo opened from a folder is still the demo
         choice = ModelChoice(choice.source, "Demo model" if family.demo_name == DEMO else f"{family.title} demo model",
                              choice.why)
     log.info("loaded %s (%s%s) from %s on %s (%s)", choice.name, family.title, ", full duplex" if family.duplex else "",
              root, loaded.device, choice.why)
+    if loaded.model_info.get("quantization"):  # which weights and which matmul path run
+        log.info("weights: %s", loaded.model_info["quantization"]["summary"])
     return LoadedModel(choice=choice, stack=loaded.stack, executor=loaded.executor, demo=loaded.demo,
                        device=loaded.device, voices=loaded.voices, family_title=family.title,
                        demo_notice=family.demo_notice, duplex=family.duplex, model_info=loaded.model_info)

@@ -170,6 +170,11 @@ class LatencyOverlay(QWidget):
         turn_layout = QVBoxLayout(self.turn_panel)
         turn_layout.setContentsMargins(0, 0, 0, 0)
         turn_layout.addWidget(self.bar)
+        self.network = QLabel()  # a remote model: the server's and the network's share of the wait
+        self.network.setWordWrap(True)
+        self.network.setAccessibleName("Network")
+        self.network.hide()
+        turn_layout.addWidget(self.network)
         turn_layout.addLayout(rates)
 
         layout = QVBoxLayout(self)
@@ -252,10 +257,15 @@ class LatencyOverlay(QWidget):
             # while a reply is being prepared, keep the previous turn's number: an empty number flickers
             shown = cur if cur.voice_to_voice_s is not None else self._last_measured()
             self.v2v.setText(_ms(shown.voice_to_voice_s) if shown else "–")
+        network = cur.network_text if cur is not None else None
+        self.network.setVisible(bool(network))
+        self.network.setText(network or "")
         s = self.status
-        self.rates["thinker"].setText(_num(getattr(s, "thinker_tok_s", None), ".0f"))
-        self.rates["talker"].setText(_num(getattr(s, "talker_tok_s", None), ".0f"))
-        self.rates["rtf"].setText(_num(getattr(s, "vocoder_rtf", None), ".2f"))
+        # a remote model's stages run on the server: the step times here are network waits, not its rates
+        rates = None if network else s
+        self.rates["thinker"].setText(_num(getattr(rates, "thinker_tok_s", None), ".0f"))
+        self.rates["talker"].setText(_num(getattr(rates, "talker_tok_s", None), ".0f"))
+        self.rates["rtf"].setText(_num(getattr(rates, "vocoder_rtf", None), ".2f"))
         self.rates["buffer"].setText(_num(getattr(s, "playback_buffer_ms", None), ".0f") +
                                      (" ms" if s is not None else ""))
         self.rates["underruns"].setText(_num(getattr(s, "underruns", None), "d"))

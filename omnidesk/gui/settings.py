@@ -47,12 +47,22 @@ class Settings:
     # model ----------------------------------------------------------------------
     @property
     def model(self) -> str | None:
-        """Checkpoint folder, cached repo id, or "demo"; None = the best available."""
+        """Checkpoint folder, cached repo id, "demo", or a server URL; None = the best available."""
         return self._get("model/source", None, str) or None
 
     @model.setter
     def model(self, value: str | None) -> None:
         self._set("model/source", value)
+
+    @property
+    def quantize(self) -> str:
+        """How the model's weights are loaded: "none" (as stored) or "int8" (omnidesk.models.quant)."""
+        value = self._get("model/quantize", "none", str)
+        return value if value in ("none", "int8") else "none"
+
+    @quantize.setter
+    def quantize(self, value: str | None) -> None:
+        self._set("model/quantize", value if value in ("none", "int8") else None)
 
     @property
     def voice(self) -> str | None:
@@ -61,6 +71,16 @@ class Settings:
     @voice.setter
     def voice(self, value: str | None) -> None:
         self._set("model/voice", value)
+
+    @property
+    def server(self) -> str | None:
+        """The vLLM-Omni server URL last given in the model picker's "Server…" (the picker's
+        ``model`` is that URL while a server is the model)."""
+        return self._get("model/server", None, str) or None
+
+    @server.setter
+    def server(self, value: str | None) -> None:
+        self._set("model/server", value)
 
     # audio ----------------------------------------------------------------------
     @property

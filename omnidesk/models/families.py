@@ -52,6 +52,7 @@ class LoadOptions:
     voice: str | None = None
     max_text_tokens: int | None = None
     max_codec_tokens: int | None = None
+    quantize: str | None = None  # "int8": weight-only int8 made on load (4-bit comes from the checkpoint)
 
 
 @dataclass
@@ -91,6 +92,10 @@ class Family:
     # -> (audio, rate, notes) and run_bench(stack, ...); None
     # where the family has none (a full-duplex model has no turn to run on its own).
     turn_tools: Callable[[], Any] | None = None
+    # `models list`: the checkpoint's weight quantization in words (None: float weights), and the GPU memory
+    # (bytes) of each way it can run, e.g. {"bfloat16": ..., "int8": ...} ({}: not estimated)
+    quantization: Callable[[Path], str | None] = lambda root: None
+    memory_modes: Callable[[Path], dict[str, int]] = lambda root: {}
 
 
 def _config(root: Path) -> dict | None:
@@ -131,7 +136,7 @@ def _qwen_load(root: Path, device: str, options: LoadOptions) -> Loaded:
     from .qwen2_5_omni.executor import executor_for
     from .qwen2_5_omni.loading import load_stack
 
-    stack = load_stack(root, device=device)
+    stack = load_stack(root, device=device, quantize=options.quantize)
     if options.voice and options.voice not in stack.voices:
         raise CheckpointError(f"unknown voice '{options.voice}'; this model has: "
                               f"{', '.join(stack.voices) or 'no voices'}")
@@ -140,6 +145,8 @@ def _qwen_load(root: Path, device: str, options: LoadOptions) -> Loaded:
     demo = is_demo(stack.config.raw)
     info = {"path": str(stack.path), "family": "qwen2_5_omni", "demo": demo,
             "dtype": str(stack.dtype).replace("torch.", "")}
+    if stack.quantization is not None:
+        info["quantization"] = stack.quantization
     return Loaded(QWEN, root, executor, str(stack.device), demo, list(stack.voices), info, stack)
 
 
@@ -159,6 +166,18 @@ def _qwen_dtype(root: Path) -> str | None:
     from .qwen2_5_omni.verify import config_dtype
 
     return config_dtype(root)
+
+
+def _qwen_quantization(root: Path) -> str | None:
+    from .qwen2_5_omni.verify import quantization
+
+    return quantization(root)
+
+
+def _qwen_memory_modes(root: Path) -> dict[str, int]:
+    from .qwen2_5_omni.verify import memory_modes
+
+    return memory_modes(root)
 
 
 def _qwen_input_rate(root: Path) -> int:
@@ -186,7 +205,8 @@ QWEN = Family(
     name="qwen2_5_omni", title="Qwen2.5-Omni", duplex=False, detect=_qwen_detect, demo_name="demo",
     make_demo=_qwen_make_demo, demo_dir=_qwen_demo_dir, is_demo=_qwen_is_demo, demo_notice=_qwen_notice(),
     load=_qwen_load, verify=_qwen_verify, voices=_qwen_voices, declared_dtype=_qwen_dtype,
-    input_rate=_qwen_input_rate, turn_tools=_qwen_tools,
+    input_rate=_qwen_input_rate, turn_tools=_qwen_tools, quantization=_qwen_quantization,
+    memory_modes=_qwen_memory_modes,
     repos={
         "Qwen/Qwen2.5-Omni-3B": Recommendation(11, 16, "in bf16 it fits a 16 GB NVIDIA GPU"),
         "Qwen/Qwen2.5-Omni-7B": Recommendation(22, 24, "in bf16 it wants an NVIDIA GPU with 24 GB or more"),
@@ -266,6 +286,7 @@ QWEN3 = Family(
     make_demo=_qwen3_make_demo, demo_dir=_qwen3_demo_dir, is_demo=_qwen3_is_demo, demo_notice=_qwen3_notice(),
     load=_qwen3_load, verify=_qwen3_verify, voices=_qwen3_voices, declared_dtype=_qwen_dtype,
     input_rate=_qwen_input_rate, turn_tools=_qwen3_tools,
+    ignored_options=("quantize",),  # its MoE experts are not QuantLinear yet
     repos={
         "Qwen/Qwen3-Omni-30B-A3B-Instruct": Recommendation(
             71, 80, "a 30B mixture-of-experts model: in bf16 it wants about 70 GB of GPU memory (an 80 GB GPU, "
@@ -344,8 +365,9 @@ MOSHI = Family(
         "kyutai/moshiko-pytorch-bf16": Recommendation(16, 24, "Moshiko (male voice); " + _MOSHI_GUIDANCE),
         "kyutai/moshika-pytorch-bf16": Recommendation(16, 24, "Moshika (female voice); " + _MOSHI_GUIDANCE),
     },
-    # one voice, and no reply to limit: it talks when it likes, one frame at a time
-    ignored_options=("voice", "max_text_tokens", "max_codec_tokens"))
+    # one voice, and no reply to limit: it talks when it likes, one frame at a time; its linears are not
+    # QuantLinear yet
+    ignored_options=("voice", "max_text_tokens", "max_codec_tokens", "quantize"))
 
 FAMILIES: tuple[Family, ...] = (QWEN, MOSHI, QWEN3)
 RECOMMENDED: dict[str, Recommendation] = {repo: r for f in FAMILIES for repo, r in f.repos.items()}

@@ -8,7 +8,7 @@ family's verifier without a load test.  ``models verify`` is
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from .checkpoint import VerifyReport, cached_repos, safetensors_summary
@@ -29,6 +29,8 @@ class CheckpointInfo:
     family: str = ""  # the registry's name
     title: str = ""  # what a person calls the family
     duplex: bool = False
+    quantization: str | None = None  # e.g. "GPTQ int4 (group 128)"; None: float weights
+    memory: dict[str, int] = field(default_factory=dict)  # GPU bytes per way to run it ("bfloat16", "int8", "int4")
 
 
 def describe(name: str, root: Path, family: Family) -> CheckpointInfo:
@@ -40,7 +42,8 @@ def describe(name: str, root: Path, family: Family) -> CheckpointInfo:
     return CheckpointInfo(name=name, path=root, size_bytes=size, dtype=family.declared_dtype(root) or first_dtype,
                           voices=family.voices(root), params=params, loads=report.ok,
                           problems=list(report.problems), demo=family.is_demo(root), family=family.name,
-                          title=family.title, duplex=family.duplex)
+                          title=family.title, duplex=family.duplex, quantization=family.quantization(root),
+                          memory=family.memory_modes(root))
 
 
 def find_checkpoints(extra_dirs=(), include_demo: bool = False) -> list[CheckpointInfo]:

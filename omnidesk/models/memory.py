@@ -54,6 +54,10 @@ class ModelShape:
     talker_kv: tuple[int, int, int] | None
     talker_row_width: int  # width of the thinker hidden rows the talker reads (0 without talker)
     max_positions: int  # the thinker's max_position_embeddings: no longer context is suggested
+    # weight-only quantization (omnidesk/models/quant.py): the weight elements of the linears a quantized
+    # run stores in 4 or 8 bits (part of llm_params), and the sum of their output widths (one int8 scale each)
+    quantizable: int = 0
+    quantizable_rows: int = 0
 
 
 @dataclass(frozen=True)
@@ -71,18 +75,42 @@ class MemoryEstimate:
     talker_rows: int  # thinker hidden rows kept for the talker
     margin: int
     total: int
+    quantization: str | None = None  # None (weights in dtype), "int8" or "int4"
+    group_size: int = 128  # int4: input channels per scale/zero
 
     @property
     def params(self) -> int:
         return self.shape.llm_params + self.shape.vocoder_params
 
 
-def estimate_for_shape(shape: ModelShape, dtype: torch.dtype, context_tokens: int, talker_codes: int) -> MemoryEstimate:
-    """Bytes to run a model of ``shape``: weights in ``dtype`` (the vocoder in fp32), KV caches for
+QUANT_SCALE_BYTES = 2  # the int4pack / int8pack kernels keep their scales (and int4 zeros) in bfloat16
+
+
+def quantized_weight_bytes(shape: ModelShape, dtype: torch.dtype, quantization: str | None,
+                           group_size: int = 128) -> int:
+    """Bytes of the LLM weights with ``shape.quantizable`` of them stored ``quantization``: "int8" (one
+    byte each + one bfloat16 scale per output row), "int4" (half a byte each + a bfloat16 scale and
+    float zero per group of ``group_size`` input channels, as the int4pack kernel keeps them), None (all
+    in ``dtype``); the rest of the weights in ``dtype``."""
+    b = dtype.itemsize
+    if quantization is None or not shape.quantizable:
+        return shape.llm_params * b
+    rest = (shape.llm_params - shape.quantizable) * b
+    if quantization == "int8":
+        return rest + shape.quantizable + shape.quantizable_rows * QUANT_SCALE_BYTES
+    if quantization == "int4":
+        return rest + shape.quantizable // 2 + 2 * math.ceil(shape.quantizable / group_size) * QUANT_SCALE_BYTES
+    raise ValueError(f"unknown quantization '{quantization}'")
+
+
+def estimate_for_shape(shape: ModelShape, dtype: torch.dtype, context_tokens: int, talker_codes: int,
+                       quantization: str | None = None, group_size: int = 128) -> MemoryEstimate:
+    """Bytes to run a model of ``shape``: weights in ``dtype`` (the vocoder in fp32; with ``quantization``
+    the quantizable linears in int8/int4, :func:`quantized_weight_bytes`), KV caches for
     ``context_tokens`` (the talker's for ``context_tokens + talker_codes``), the talker's rows,
     and the working margin (:data:`MARGIN_FRACTION` + :data:`ACTIVATION_BYTES`)."""
     b = dtype.itemsize
-    weights = shape.llm_params * b
+    weights = quantized_weight_bytes(shape, dtype, quantization, group_size)
     vocoder = shape.vocoder_params * 4
     layers, heads, dim = shape.thinker_kv
     thinker_kv = layers * 2 * heads * dim * context_tokens * b
@@ -94,22 +122,27 @@ def estimate_for_shape(shape: ModelShape, dtype: torch.dtype, context_tokens: in
     base = weights + vocoder + thinker_kv + talker_kv + talker_rows
     margin = math.ceil(base * MARGIN_FRACTION) + ACTIVATION_BYTES
     return MemoryEstimate(shape, dtype, context_tokens, talker_codes, weights, vocoder, thinker_kv, talker_kv,
-                          talker_rows, margin, base + margin)
+                          talker_rows, margin, base + margin, quantization if shape.quantizable else None, group_size)
 
 
-def max_context(shape: ModelShape, dtype, free_bytes: int, talker_codes: int = 4096) -> int:
+def max_context(shape: ModelShape, dtype, free_bytes: int, talker_codes: int = 4096, quantization: str | None = None,
+                group_size: int = 128) -> int:
     """The largest context (a multiple of 256 tokens, at most the model's maximum) that fits in
     ``free_bytes``; 0 if none does."""
     dtype = torch_dtype(dtype)
-    at0 = estimate_for_shape(shape, dtype, 0, talker_codes)
-    per_token = estimate_for_shape(shape, dtype, 1, talker_codes).total - at0.total + 1  # +1: ceil rounding
+
+    def est(n: int) -> MemoryEstimate:
+        return estimate_for_shape(shape, dtype, n, talker_codes, quantization, group_size)
+
+    at0 = est(0)
+    per_token = est(1).total - at0.total + 1  # +1: ceil rounding
     if at0.total > free_bytes:
         return 0
     n = min((free_bytes - at0.total) // per_token, shape.max_positions) // 256 * 256
-    while n > 0 and estimate_for_shape(shape, dtype, n, talker_codes).total > free_bytes:
+    while n > 0 and est(n).total > free_bytes:
         n -= 256
     return n
 
 
 __all__ = ["ACTIVATION_BYTES", "MARGIN_FRACTION", "MemoryEstimate", "ModelShape", "available_ram", "estimate_for_shape",
-           "gib", "max_context", "ram_too_small", "torch_dtype"]
+           "gib", "max_context", "QUANT_SCALE_BYTES", "quantized_weight_bytes", "ram_too_small", "torch_dtype"]

@@ -32,7 +32,9 @@ up to and including token j.  The reply's speech length is exact when the
 talker has finished; before that it is estimated as the larger of the speech
 made so far and the text's length at ``chars_per_second`` (a typical speaking
 rate).  Deliberately simple and documented; the engine records the counts in
-the timeline so a better aligner can be judged against it.
+the timeline so a better aligner can be judged against it.  The rule itself is
+:func:`omnidesk.models.alignment.heard_text_pieces`, which the remote executor
+(:mod:`omnidesk.remote`) applies to a server's text deltas.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ import numpy as np
 import torch
 
 from ..engine.executor import Executor, Rollback, stage
+from .alignment import heard_text_pieces
 from .features import log_mel, num_frames
 from .kv_cache import CacheFullError
 from .sampling import Sampler, SamplingParams
@@ -602,23 +605,8 @@ class ThinkerTalkerExecutor(Executor):
             return 0
         tok = self.stack.tokenizer
         pieces = [len(tok.decode([t])) for t in r["text"][:fed]]
-        total_chars = sum(pieces)
-        if total_chars == 0:
-            return 0
-        made = len(r["codes"]) * self.samples_per_code
-        if r["talker_done"]:
-            speech = made
-        else:
-            speech = max(made, total_chars / self.chars_per_second * self.sample_rate_out)
-        heard = min(1.0, heard_samples / speech) if speech else 1.0
-        kept, chars = 0, 0
-        for n in pieces:
-            chars += n
-            if chars / total_chars <= heard + 1e-9:
-                kept += 1
-            else:
-                break
-        return kept
+        return heard_text_pieces(pieces, heard_samples, len(r["codes"]) * self.samples_per_code,
+                                 r["talker_done"], self.chars_per_second, self.sample_rate_out)
 
     def interrupt(self, heard_samples: int) -> Rollback:
         """Keep the heard part of the reply in the thinker cache; drop the rest (pointer moves).

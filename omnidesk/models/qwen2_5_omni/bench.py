@@ -14,6 +14,8 @@ from .loading import OmniStack
 
 
 def transformers_side(stack: OmniStack, audio: np.ndarray, max_text: int, max_codec: int) -> dict:
+    if stack.quantization is not None and stack.quantization["format"] != "int8":
+        return {"skipped": f"{stack.quantization['label']} weights: transformers would need gptqmodel/autoawq"}
     try:
         from transformers import Qwen2_5OmniForConditionalGeneration
     except ImportError:
@@ -44,5 +46,7 @@ def transformers_side(stack: OmniStack, audio: np.ndarray, max_text: int, max_co
 
 
 def run(stack: OmniStack, turns: int = 3, interrupts: int = 50, with_transformers: bool = True) -> dict:
-    return run_turn_bench(QwenOmniExecutor, stack, turns=turns, interrupts=interrupts,
-                          transformers_side=transformers_side if with_transformers else None, codes_per_second=50.0)
+    result = run_turn_bench(QwenOmniExecutor, stack, turns=turns, interrupts=interrupts,
+                            transformers_side=transformers_side if with_transformers else None, codes_per_second=50.0)
+    result["quantization"] = stack.quantization  # None: float weights; else format and matmul paths
+    return result

@@ -9,11 +9,19 @@ Nothing touches the network.  Checkpoint names are mapped onto our modules by
 row-slice, so every checkpoint tensor has exactly one destination and every
 parameter of ours exactly one source.  Problems are reported by file and
 tensor name.
+
+Low VRAM (omnidesk/models/quant.py): a GPTQ / AWQ 4-bit checkpoint (``quantization_config``)
+stores its decoder linears as qweight/qzeros/scales(/g_idx); those linears become
+:class:`~omnidesk.models.quant.QuantLinear` on the meta model, their parts are unpacked, checked
+and fused (q/k/v, gate/up) along the output dimension, then packed once for torch's int4 kernel.
+``quantize="int8"`` does the same for a float checkpoint's thinker linears, each tensor quantized
+as it is read.  The float weights of quantized linears are never allocated.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,12 +33,16 @@ from ..checkpoint import (DEFAULT_DEVICE_DTYPE, CheckpointError, ConfigError, Ma
                           Target, copy_tensors, match_tensors, materialize, read_safetensors_header, require_file,
                           resolve_checkpoint, weight_files)
 from ..features import FeatureConfig
+from ..quant import (QUANTIZE_CHOICES, FusedLinear, LinearPart, QuantConfig, describe_paths, load_linears,
+                     path_summary, quant_targets, quantized_in_checkpoint, read_quant_config, replace_linears)
 from .config import DecoderConfig, OmniConfig
 from .talker import Talker
 from .thinker import Thinker
 from .tokenizer import Tokenizer
 from .vocoder import Token2Wav
 
+
+log = logging.getLogger("omnidesk.models.qwen2_5_omni")
 
 # Checkpoint prefixes we recognise but do not load, with the reason (shown by `models verify`).
 UNUSED_PREFIXES = {
@@ -56,27 +68,62 @@ class OmniModel(nn.Module):
         self.vocoder = Token2Wav(cfg.token2wav) if cfg.talker is not None else None
 
 
-def _decoder_map(ckpt: str, ours: str, cfg: DecoderConfig) -> dict[str, Target]:
+def decoder_linears(ckpt: str, ours: str, cfg: DecoderConfig) -> list[FusedLinear]:
+    """The decoder's linears, each with the checkpoint linears fused into it: q/k/v -> ``wqkv``,
+    gate/up -> ``w13`` (row ranges along the output dimension), o_proj and down_proj alone."""
     h, d = cfg.hidden_size, cfg.head_dim
     q, kv, inter = cfg.num_heads * d, cfg.num_kv_heads * d, cfg.intermediate_size
-    out: dict[str, Target] = {f"{ckpt}.norm.weight": Target(f"{ours}.norm.weight", (h,))}
+    out = []
     for i in range(cfg.num_layers):
         c, o = f"{ckpt}.layers.{i}", f"{ours}.layers.{i}"
-        qkv = f"{o}.self_attn.wqkv"
-        for name, (lo, hi) in {"q_proj": (0, q), "k_proj": (q, q + kv), "v_proj": (q + kv, q + 2 * kv)}.items():
-            out[f"{c}.self_attn.{name}.weight"] = Target(f"{qkv}.weight", (hi - lo, h), rows=(lo, hi))
-            out[f"{c}.self_attn.{name}.bias"] = Target(f"{qkv}.bias", (hi - lo,), rows=(lo, hi))
-        out[f"{c}.self_attn.o_proj.weight"] = Target(f"{o}.self_attn.o_proj.weight", (h, q))
-        out[f"{c}.mlp.gate_proj.weight"] = Target(f"{o}.mlp.w13.weight", (inter, h), rows=(0, inter))
-        out[f"{c}.mlp.up_proj.weight"] = Target(f"{o}.mlp.w13.weight", (inter, h), rows=(inter, 2 * inter))
-        out[f"{c}.mlp.down_proj.weight"] = Target(f"{o}.mlp.down_proj.weight", (h, inter))
+        out += [
+            FusedLinear(f"{o}.self_attn.wqkv", h, (LinearPart(f"{c}.self_attn.q_proj", 0, q),
+                                                  LinearPart(f"{c}.self_attn.k_proj", q, q + kv),
+                                                  LinearPart(f"{c}.self_attn.v_proj", q + kv, q + 2 * kv))),
+            FusedLinear(f"{o}.self_attn.o_proj", q, (LinearPart(f"{c}.self_attn.o_proj", 0, h),)),
+            FusedLinear(f"{o}.mlp.w13", h, (LinearPart(f"{c}.mlp.gate_proj", 0, inter),
+                                           LinearPart(f"{c}.mlp.up_proj", inter, 2 * inter))),
+            FusedLinear(f"{o}.mlp.down_proj", inter, (LinearPart(f"{c}.mlp.down_proj", 0, h),)),
+        ]
+    return out
+
+
+def quantizable_linears(cfg: OmniConfig, talker: bool = True) -> list[FusedLinear]:
+    """The decoder linears a quantized checkpoint may store 4-bit (the thinker's; the talker's too when
+    ``talker`` and the config has one); ``--quantize int8`` takes the thinker's."""
+    out = decoder_linears("thinker.model", "thinker.decoder", cfg.thinker.text)
+    if talker and cfg.talker is not None:
+        out += decoder_linears("talker.model", "talker.decoder", cfg.talker.decoder)
+    return out
+
+
+def _decoder_map(ckpt: str, ours: str, cfg: DecoderConfig, quant: QuantConfig | None = None,
+                 quantized: set[str] = frozenset()) -> dict[str, Target]:
+    h = cfg.hidden_size
+    out: dict[str, Target] = {f"{ckpt}.norm.weight": Target(f"{ours}.norm.weight", (h,))}
+    linears = {lin.module: lin for lin in decoder_linears(ckpt, ours, cfg)}
+    for i in range(cfg.num_layers):
+        c, o = f"{ckpt}.layers.{i}", f"{ours}.layers.{i}"
+        for lin in (linears[f"{o}.self_attn.wqkv"], linears[f"{o}.self_attn.o_proj"], linears[f"{o}.mlp.w13"],
+                    linears[f"{o}.mlp.down_proj"]):
+            if lin.module in quantized:
+                out.update(quant_targets(lin, quant))
+            else:
+                whole = len(lin.parts) == 1
+                for p in lin.parts:
+                    out[f"{p.prefix}.weight"] = Target(f"{lin.module}.weight", (p.out_features, lin.in_features),
+                                                       rows=None if whole else (p.lo, p.hi))
+        for p in linears[f"{o}.self_attn.wqkv"].parts:  # q/k/v biases stay float, quantized or not
+            out[f"{p.prefix}.bias"] = Target(f"{o}.self_attn.wqkv.bias", (p.out_features,), rows=(p.lo, p.hi))
         out[f"{c}.input_layernorm.weight"] = Target(f"{o}.input_layernorm.weight", (h,))
         out[f"{c}.post_attention_layernorm.weight"] = Target(f"{o}.post_attention_layernorm.weight", (h,))
     return out
 
 
-def weight_map(cfg: OmniConfig, model: OmniModel | None = None) -> dict[str, Target]:
-    """Checkpoint tensor name -> destination, for every tensor we load."""
+def weight_map(cfg: OmniConfig, model: OmniModel | None = None, quant: QuantConfig | None = None,
+               quantized: set[str] = frozenset()) -> dict[str, Target]:
+    """Checkpoint tensor name -> destination, for every tensor we load; the linears named in ``quantized``
+    (our module names) are read as ``quant``'s 4-bit tensors instead of a float ``.weight``."""
     if model is None:
         with torch.device("meta"):
             model = OmniModel(cfg)
@@ -86,7 +133,7 @@ def weight_map(cfg: OmniConfig, model: OmniModel | None = None) -> dict[str, Tar
         out[f"thinker.audio_tower.{name}"] = Target(f"thinker.audio_encoder.{name}", tuple(p.shape))
     out["thinker.model.embed_tokens.weight"] = Target("thinker.embed_tokens.weight", (t.vocab_size, t.hidden_size))
     out["thinker.lm_head.weight"] = Target("thinker.lm_head.weight", (t.vocab_size, t.hidden_size))
-    out.update(_decoder_map("thinker.model", "thinker.decoder", t))
+    out.update(_decoder_map("thinker.model", "thinker.decoder", t, quant, quantized))
     if cfg.talker is not None:
         k = cfg.talker.decoder
         out["talker.model.embed_tokens.weight"] = Target("talker.embed_tokens.weight", (k.vocab_size, k.embedding_size))
@@ -94,7 +141,7 @@ def weight_map(cfg: OmniConfig, model: OmniModel | None = None) -> dict[str, Tar
                                                             (k.hidden_size, k.embedding_size))
         out["talker.thinker_to_talker_proj.bias"] = Target("talker.thinker_to_talker_proj.bias", (k.hidden_size,))
         out["talker.codec_head.weight"] = Target("talker.codec_head.weight", (k.vocab_size, k.hidden_size))
-        out.update(_decoder_map("talker.model", "talker.decoder", k))
+        out.update(_decoder_map("talker.model", "talker.decoder", k, quant, quantized))
     if model.vocoder is not None:
         ours_to_ckpt = {v: c for c, v in VOCODER_PREFIXES.items()}
         for part in ("dit", "bigvgan"):
@@ -110,9 +157,13 @@ def _unused(name: str) -> str | None:
     return next((r for p, r in UNUSED_PREFIXES.items() if name.startswith(p)), None)
 
 
-def check_mapping(cfg: OmniConfig, shapes: dict[str, tuple[int, ...]], model: OmniModel | None = None) -> MappingReport:
-    """Compare checkpoint tensor names/shapes with what our modules expect."""
-    report = match_tensors(weight_map(cfg, model), {n: (s, None) for n, s in shapes.items()}, _unused)
+def check_mapping(cfg: OmniConfig, shapes: dict[str, tuple[int, ...]], model: OmniModel | None = None,
+                  quant: QuantConfig | None = None) -> MappingReport:
+    """Compare checkpoint tensor names/shapes with what our modules expect (``quant``: the checkpoint's
+    quantization_config; its decoder linears with 4-bit tensors are expected in that format)."""
+    quantized = quantized_in_checkpoint(quantizable_linears(cfg), shapes, quant)
+    report = match_tensors(weight_map(cfg, model, quant, quantized), {n: (s, None) for n, s in shapes.items()},
+                           _unused)
     if "thinker.lm_head.weight" in report.missing and cfg.thinker.tie_word_embeddings:
         report.missing.remove("thinker.lm_head.weight")
         report.tied_lm_head = True
@@ -144,6 +195,9 @@ class OmniStack:
     generation_config: dict
     dtype: torch.dtype
     device: torch.device
+    # None: float weights; else what is quantized and how it runs: {"format": "gptq-int4" | "awq-int4" | "int8",
+    # "label", "group_size", "desc_act", "linears", "paths": {path: count}, "summary"} (see omnidesk.models.quant)
+    quantization: dict | None = None
 
     @property
     def thinker(self) -> Thinker:
@@ -251,17 +305,47 @@ def load_voices(path: Path, config: OmniConfig | None) -> dict[str, Voice]:
     return {str(name): voice_from_entry(str(name), v, dims, str(path)) for name, v in raw.items()}
 
 
+def checkpoint_quantization(root: Path, raw: dict) -> QuantConfig | None:
+    """The checkpoint's 4-bit format: config.json's ``quantization_config`` (top level or the thinker's),
+    else a quantize_config.json beside it (older GPTQ tools); None for float weights."""
+    from ..checkpoint import read_json
+
+    extra = root / "quantize_config.json"
+    return read_quant_config(raw, str(root / "config.json"), read_json(extra) if extra.is_file() else None, str(extra))
+
+
+def check_quantize(quantize: str | None) -> str | None:
+    """``--quantize`` as given -> None (weights as stored) or "int8"; ConfigError for anything else."""
+    if quantize in (None, "", "none"):
+        return None
+    if quantize not in QUANTIZE_CHOICES:
+        raise ConfigError(f"--quantize '{quantize}': expected one of {', '.join(QUANTIZE_CHOICES)} (4-bit weights "
+                          f"come from a GPTQ or AWQ checkpoint)")
+    return quantize
+
+
 def load_stack(model: str | os.PathLike, device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
-               enable_talker: bool = True, context_tokens: int = 8192) -> OmniStack:
+               enable_talker: bool = True, context_tokens: int = 8192, quantize: str | None = None,
+               force_dequant: bool = False, kernel_dtype: torch.dtype | None = None) -> OmniStack:
     """Load a checkpoint directory or cached repo id into a ready :class:`OmniStack`.
 
-    dtype defaults to fp32 on the CPU and bf16 on CUDA.  Raises
-    :class:`CheckpointError` / :class:`ConfigError` naming the file or tensor.
+    dtype defaults to fp32 on the CPU and bf16 on CUDA.  A GPTQ/AWQ 4-bit checkpoint loads its
+    decoder linears as 4-bit :class:`~omnidesk.models.quant.QuantLinear`; ``quantize="int8"``
+    quantizes a float checkpoint's thinker decoder linears to int8 as they are read (ignored, with a
+    log line, for a checkpoint that is already 4-bit).  ``force_dequant`` makes 4-bit layers take the
+    dequantize-then-matmul path, ``kernel_dtype=torch.float32`` runs the CPU kernels in float32 instead
+    of bfloat16 (both for checks and benchmarks; see omnidesk/models/quant.py).  Raises :class:`CheckpointError` /
+    :class:`ConfigError` naming the file, field or tensor.
     """
     root = resolve_checkpoint(model)
     device = torch.device(device)
     dtype = dtype or DEFAULT_DEVICE_DTYPE.get(device.type, torch.float32)
+    int8 = check_quantize(quantize) == "int8"
     cfg = OmniConfig.from_file(require_file(root, "config.json"))
+    quant = checkpoint_quantization(root, cfg.raw)
+    if quant is not None and int8:
+        log.info("%s is already %s: --quantize int8 ignored", root, quant.label)
+        int8 = False
     if not enable_talker and cfg.talker is not None:
         cfg = OmniConfig(thinker=cfg.thinker, talker=None, token2wav=None, raw=cfg.raw)
     if device.type == "cuda":
@@ -269,7 +353,9 @@ def load_stack(model: str | os.PathLike, device: str | torch.device = "cpu", dty
         from .memory import check_fits, estimate_memory
 
         free, _ = torch.cuda.mem_get_info(device)
-        problem = check_fits(estimate_memory(cfg, dtype, context_tokens), free)
+        mode = "int4" if quant is not None else "int8" if int8 else None
+        problem = check_fits(estimate_memory(cfg, dtype, context_tokens, quantization=mode,
+                                             group_size=quant.group_size if quant else 128), free)
         if problem:
             raise ModelTooLargeError(f"{root}: {problem}")
     for name in ("tokenizer.json", "tokenizer_config.json", "preprocessor_config.json"):
@@ -292,26 +378,50 @@ def load_stack(model: str | os.PathLike, device: str | torch.device = "cpu", dty
 
     with torch.device("meta"):
         omni = OmniModel(cfg)
-    report = check_mapping(cfg, shapes, omni)
+    report = check_mapping(cfg, shapes, omni, quant)
     if not report.ok:
         raise CheckpointError(report.error(str(root)))
+    linears = quantizable_linears(cfg)
+    four_bit = quantized_in_checkpoint(linears, shapes, quant)
+    int8_modules = {lin.module for lin in linears if lin.module.startswith("thinker.")} if int8 else set()
+    if quant is not None and not four_bit:
+        log.info("%s: quantization_config says %s but no decoder linear is stored quantized: loading float weights",
+                 root, quant.label)
+    # quantized linears are swapped in on the meta model: their float weights are never allocated
+    qmodules = replace_linears(omni, sorted(four_bit | int8_modules))
     materialize(omni.thinker, device, dtype)
     if omni.talker is not None:
         materialize(omni.talker, device, dtype)
         # The reference keeps token2wav in fp32 whatever the LLM dtype: flow matching needs it.
         materialize(omni.vocoder, device, torch.float32)
     params = dict(omni.named_parameters())
-    wmap = weight_map(cfg, omni)
+    wmap = weight_map(cfg, omni, quant, four_bit)
 
-    copy_tensors(files, report.loaded, wmap, params)
+    special = {n for n in report.loaded if wmap[n].param.rpartition(".")[0] in qmodules
+               and not wmap[n].param.endswith(".bias")}
+    copy_tensors(files, [n for n in report.loaded if n not in special], wmap, params)
+    load_linears(files, linears, qmodules, device, dtype, quant, four_bit, int8_modules, force_dequant=force_dequant,
+                 kernel_dtype=kernel_dtype)
     with torch.no_grad():
         if report.tied_lm_head:
             omni.thinker.lm_head.weight = omni.thinker.embed_tokens.weight
     omni.eval()
+    quantization = None
+    if qmodules:
+        paths = path_summary(omni)
+        fmt = f"{quant.method}-int{quant.bits}" if four_bit else "int8"
+        label = quant.label if four_bit else "int8 (made on load, per output channel)"
+        summary = f"{label}: {describe_paths(paths)}"
+        quantization = {"format": fmt, "label": label, "group_size": quant.group_size if four_bit else None,
+                        "desc_act": quant.desc_act if four_bit else None, "linears": len(qmodules), "paths": paths,
+                        "summary": summary}
+        dequant = sorted({m.reason for m in qmodules.values() if m.reason})
+        log.info("%s on %s: %s%s", root, device, summary, f" (dequantized because: {'; '.join(dequant)})"
+                 if dequant else "")
     return OmniStack(path=root, config=cfg, model=omni, tokenizer=tokenizer, features=features, voices=voices,
                      generation_config=generation_config, dtype=dtype,
-                     device=device)
+                     device=device, quantization=quantization)
 
 
-__all__ = ["OmniModel", "OmniStack", "Voice", "VoiceDims", "check_mapping", "load_stack", "load_voices",
-           "voice_from_entry", "weight_map"]
+__all__ = ["OmniModel", "OmniStack", "Voice", "VoiceDims", "check_mapping", "check_quantize", "checkpoint_quantization",
+           "decoder_linears", "load_stack", "load_voices", "quantizable_linears", "voice_from_entry", "weight_map"]

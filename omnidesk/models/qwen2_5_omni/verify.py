@@ -14,7 +14,7 @@ from ..checkpoint import CheckpointError, ConfigError, VerifyReport, check_weigh
 from .. import memory
 from .config import OmniConfig
 from . import loading
-from .loading import check_mapping, load_voices
+from .loading import check_mapping, checkpoint_quantization, load_voices
 from .memory import estimate_memory
 
 SIDE_FILES = ("tokenizer.json", "tokenizer_config.json", "preprocessor_config.json")
@@ -45,7 +45,7 @@ def _load_test(root: Path, cfg: OmniConfig, report: VerifyReport) -> None:
 def verify(root: Path, report: VerifyReport, load_test: bool = True) -> None:
     """Check ``root`` into ``report``: config, side files, voices, tensor names and shapes, and
     (``load_test``, when nothing else is wrong) a CPU load with one thinker decode step."""
-    cfg = None
+    cfg = quant = None
     if not (root / "config.json").is_file():
         report.problems.append(f"{root}: missing file config.json")
     else:
@@ -53,6 +53,14 @@ def verify(root: Path, report: VerifyReport, load_test: bool = True) -> None:
             cfg = OmniConfig.from_file(root / "config.json")
             report.checked.append("config.json")
         except (ConfigError, OSError) as e:
+            report.problems.append(str(e))
+    if cfg is not None:
+        try:
+            quant = checkpoint_quantization(root, cfg.raw)
+            if quant is not None:
+                report.checked.append(f"quantization_config ({quant.label}, group size {quant.group_size}"
+                                      f"{', act-order' if quant.desc_act else ''})")
+        except (ConfigError, CheckpointError) as e:
             report.problems.append(str(e))
     for name in SIDE_FILES:
         if (root / name).is_file():
@@ -72,7 +80,7 @@ def verify(root: Path, report: VerifyReport, load_test: bool = True) -> None:
     if cfg is not None and intact:
         if cfg.talker is None:
             shapes = {n: s for n, s in shapes.items() if not n.startswith(("talker.", "token2wav."))}
-        mapping = check_mapping(cfg, shapes)
+        mapping = check_mapping(cfg, shapes, quant=quant)
         if mapping.ok:
             report.checked.append(f"tensor names and shapes ({len(mapping.loaded)} tensors)")
         else:
@@ -98,4 +106,30 @@ def config_dtype(root: Path) -> str | None:
     return raw.get("torch_dtype") or raw.get("dtype") or (raw.get("thinker_config") or {}).get("torch_dtype")
 
 
-__all__ = ["SIDE_FILES", "config_dtype", "verify", "voice_names"]
+def quantization(root: Path) -> str | None:
+    """What ``models list`` says of the checkpoint's 4-bit format ("GPTQ int4 (group 128)"); None for float
+    weights (an unusable quantization_config is a problem `models verify` names)."""
+    try:
+        quant = checkpoint_quantization(root, read_json(root / "config.json"))
+    except (ConfigError, CheckpointError):
+        return "unsupported quantization_config"
+    return None if quant is None else f"{quant.label} (group {quant.group_size})"
+
+
+def memory_modes(root: Path, context_tokens: int = 8192) -> dict[str, int]:
+    """GPU bytes (bfloat16, ``context_tokens`` of context) for each way the checkpoint can run: "int4" for a
+    4-bit checkpoint; "bfloat16" and "int8" (--quantize int8) for a float one; {} when unreadable."""
+    from .memory import memory_by_mode
+
+    try:
+        raw = read_json(root / "config.json")
+        cfg = OmniConfig.from_dict(raw, str(root / "config.json"))
+        quant = checkpoint_quantization(root, raw)
+    except (ConfigError, CheckpointError):
+        return {}
+    modes = memory_by_mode(cfg, torch.bfloat16, context_tokens, four_bit=quant is not None,
+                           group_size=quant.group_size if quant is not None else 128)
+    return {mode: e.total for mode, e in modes.items()}
+
+
+__all__ = ["SIDE_FILES", "config_dtype", "memory_modes", "quantization", "verify", "voice_names"]
