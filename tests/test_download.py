@@ -215,7 +215,8 @@ def test_recommended_and_patterns():
     import fnmatch
 
     assert set(RECOMMENDED) == {"Qwen/Qwen2.5-Omni-3B", "Qwen/Qwen2.5-Omni-7B", "kyutai/moshiko-pytorch-bf16",
-                                "kyutai/moshika-pytorch-bf16", "Qwen/Qwen3-Omni-30B-A3B-Instruct"}
+                                "kyutai/moshika-pytorch-bf16", "Qwen/Qwen3-Omni-30B-A3B-Instruct",
+                                "Qwen/Qwen2.5-Omni-7B-GPTQ-Int4", "Qwen/Qwen2.5-Omni-7B-AWQ"}
     # Qwen3-Omni: 15 shards + index, tokenizer, chat template and the processor configs
     for name in ("model-00001-of-00015.safetensors", "model.safetensors.index.json", "chat_template.json",
                  "preprocessor_config.json", "generation_config.json", "merges.txt"):

@@ -210,6 +210,12 @@ QWEN = Family(
     repos={
         "Qwen/Qwen2.5-Omni-3B": Recommendation(11, 16, "in bf16 it fits a 16 GB NVIDIA GPU"),
         "Qwen/Qwen2.5-Omni-7B": Recommendation(22, 24, "in bf16 it wants an NVIDIA GPU with 24 GB or more"),
+        # estimated from the 7B's tensors with the thinker's decoder linears at 4 bits (the rest as published;
+        # vision included in the download): no public figure for the files
+        "Qwen/Qwen2.5-Omni-7B-GPTQ-Int4": Recommendation(11, 16, "the 7B with a 4-bit thinker: fits a 16 GB "
+                                                                 "NVIDIA GPU (about 13 GiB at an 8k context)"),
+        "Qwen/Qwen2.5-Omni-7B-AWQ": Recommendation(11, 16, "the 7B with a 4-bit thinker (AWQ): fits a 16 GB "
+                                                           "NVIDIA GPU (about 13 GiB at an 8k context)"),
     })
 
 
