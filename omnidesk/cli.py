@@ -724,7 +724,8 @@ def _build_parser() -> argparse.ArgumentParser:
     mverify.set_defaults(func=cmd_models_verify)
     mdl = msub.add_parser("download", help="download a published checkpoint (only when you ask; resumable): "
                                            + ", ".join(RECOMMENDED))
-    mdl.add_argument("repo", help=f"e.g. {next(iter(RECOMMENDED))}")
+    mdl.add_argument("repo", help="a Hugging Face repo id; the published ones OmniDesk knows (it says their size and "
+                                  "what they need before downloading): " + ", ".join(RECOMMENDED))
     mdl.add_argument("--endpoint", help="another hub endpoint (a mirror)")
     mdl.add_argument("--cache-dir", help="download into this cache instead of the Hugging Face cache")
     mdl.add_argument("--no-progress", action="store_true")
