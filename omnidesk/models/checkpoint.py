@@ -21,7 +21,7 @@ import os
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Any, Callable, Iterable
 
 import torch
 from torch import nn
@@ -361,6 +361,45 @@ def match_tensors(wmap: dict[str, Target], found: dict[str, tuple[tuple[int, ...
     return report
 
 
+def config_field(d: dict, key: str, where: str, default: Any = ...):
+    """``d[key]`` of a config.json section named ``where``; ConfigError naming both when it is
+    missing or null and there is no ``default``."""
+    if key in d and d[key] is not None:
+        return d[key]
+    if default is ...:
+        raise ConfigError(f"{where}: missing field '{key}'")
+    return default
+
+
+def load_config_file(path: str | Path, from_dict: Callable[[dict, str], Any]) -> Any:
+    """Read a config.json and parse it with ``from_dict(d, where)``; every error names the file."""
+    path = Path(path)
+    try:
+        d = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(d, dict):
+        raise ConfigError(f"{path}: expected a JSON object")
+    try:
+        return from_dict(d, str(path))
+    except ConfigError as e:
+        msg = str(e)
+        raise ConfigError(msg if msg.startswith(str(path)) else f"{path}: {msg}") from None
+
+
+def checkpoint_shapes(files: dict[str, Path]) -> dict[str, tuple[int, ...]]:
+    """Tensor name -> shape from the safetensors headers of ``files`` (name -> file, as
+    :func:`weight_files` gives it); each header is read once.  CheckpointError when an index names
+    a tensor its file lacks."""
+    headers: dict[Path, dict] = {f: read_safetensors_header(f) for f in sorted(set(files.values()))}
+    shapes = {}
+    for name, f in files.items():
+        if name not in headers[f]:
+            raise CheckpointError(f"{f}: tensor '{name}' is listed in the index but not in the file")
+        shapes[name] = tuple(headers[f][name]["shape"])
+    return shapes
+
+
 def header_tensors(header: dict[str, dict]) -> dict[str, tuple[tuple[int, ...], str | None]]:
     """A safetensors header as :func:`match_tensors` takes it."""
     return {name: (tuple(info["shape"]), info.get("dtype")) for name, info in header.items()}
@@ -414,7 +453,7 @@ def copy_tensors(files: dict[str, Path], names: Iterable[str], wmap: dict[str, T
 
 __all__ = ["CheckpointError", "ConfigError", "DEFAULT_DEVICE_DTYPE", "FLOAT_DTYPES", "MappingReport",
            "ModelTooLargeError", "SAFETENSORS_DTYPES", "Target", "VerifyReport", "cached_repos", "cached_snapshot",
-           "check_weight_files", "copy_tensors",
-           "header_tensors", "hf_hub_cache", "match_tensors", "materialize", "read_json", "read_safetensors_header",
+           "check_weight_files", "checkpoint_shapes", "config_field", "copy_tensors",
+           "header_tensors", "load_config_file", "hf_hub_cache", "match_tensors", "materialize", "read_json", "read_safetensors_header",
            "repo_cache_dir", "repo_id_of", "require_file", "resolve_checkpoint", "safetensors_summary",
            "weight_files"]

@@ -8,6 +8,7 @@ transformers, Mimi's) live in their family folders.
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 import torch
@@ -79,4 +80,55 @@ def attend_one(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: 
     return torch.bmm(probs, values).reshape(1, -1)
 
 
-__all__ = ["RMSNorm", "apply_rotary", "attend_one", "rotate_interleaved"]
+def sinusoid_table(length: int, channels: int, max_timescale: float = 10000.0) -> torch.Tensor:
+    """Whisper's positional table [length, channels]: sin on the first half, cos on the second (float32);
+    the Qwen audio encoders add it to their conv outputs."""
+    if channels % 2:
+        raise ValueError(f"sinusoidal positions need an even width, got {channels}")
+    half = channels // 2
+    step = math.log(max_timescale) / (half - 1)
+    inv = torch.exp(-step * torch.arange(half).float())
+    angle = torch.arange(length)[:, None] * inv[None, :]
+    return torch.cat([angle.sin(), angle.cos()], dim=1)
+
+
+class WindowAttention(nn.Module):
+    """Whisper-style self-attention of an audio encoder: full (non-causal) attention inside each window
+    of a batch [windows, T, D].  ``key_bias``: Whisper's k_proj has none (Qwen2.5-Omni keeps that);
+    Qwen3-Omni's AuT has one.  Parameter names are the checkpoints' (q/k/v/out_proj)."""
+
+    def __init__(self, dim: int, num_heads: int, key_bias: bool = False):
+        super().__init__()
+        if dim % num_heads:
+            raise ValueError(f"d_model {dim} is not a multiple of encoder_attention_heads {num_heads}")
+        self.num_heads = num_heads
+        self.q_proj = nn.Linear(dim, dim)
+        self.k_proj = nn.Linear(dim, dim, bias=key_bias)
+        self.v_proj = nn.Linear(dim, dim)
+        self.out_proj = nn.Linear(dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        h = self.num_heads
+
+        def heads(y: torch.Tensor) -> torch.Tensor:
+            return y.view(b, t, h, d // h).transpose(1, 2)
+
+        o = F.scaled_dot_product_attention(heads(self.q_proj(x)), heads(self.k_proj(x)), heads(self.v_proj(x)))
+        return self.out_proj(o.transpose(1, 2).reshape(b, t, d))
+
+
+def fill_placeholders(embeds: torch.Tensor, is_placeholder: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor:
+    """Input embeddings [T, H] with the placeholder positions (an audio token's) taking ``rows`` in
+    order; ValueError when the counts differ."""
+    n_placeholders = int(is_placeholder.sum())
+    n_rows = 0 if rows is None else rows.shape[0]
+    if n_placeholders != n_rows:
+        raise ValueError(f"prompt has {n_placeholders} audio placeholders but {n_rows} audio tokens were given")
+    if n_rows:
+        embeds = embeds.masked_scatter(is_placeholder[:, None], rows.to(embeds.dtype))
+    return embeds
+
+
+__all__ = ["RMSNorm", "WindowAttention", "apply_rotary", "attend_one", "fill_placeholders", "rotate_interleaved",
+           "sinusoid_table"]

@@ -26,56 +26,22 @@ utterance with :meth:`AudioEncoder.forward` up to float rounding (each full bloc
 
 from __future__ import annotations
 
-import math
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..layers import WindowAttention, sinusoid_table
 from .config import AudioEncoderConfig
 
 __all__ = ["AudioEncoder"]
-
-
-def sinusoid_table(length: int, channels: int, max_timescale: float = 10000.0) -> torch.Tensor:
-    """Whisper's positional table [length, channels]: sin on the first half, cos on the second (float32)."""
-    if channels % 2:
-        raise ValueError(f"sinusoidal positions need an even width, got {channels}")
-    half = channels // 2
-    step = math.log(max_timescale) / (half - 1)
-    inv = torch.exp(-step * torch.arange(half).float())
-    angle = torch.arange(length)[:, None] * inv[None, :]
-    return torch.cat([angle.sin(), angle.cos()], dim=1)
-
-
-class AudioAttention(nn.Module):
-    def __init__(self, dim: int, num_heads: int):
-        super().__init__()
-        if dim % num_heads:
-            raise ValueError(f"d_model {dim} is not a multiple of encoder_attention_heads {num_heads}")
-        self.num_heads = num_heads
-        self.q_proj = nn.Linear(dim, dim)
-        self.k_proj = nn.Linear(dim, dim, bias=False)
-        self.v_proj = nn.Linear(dim, dim)
-        self.out_proj = nn.Linear(dim, dim)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x: [blocks, T, D]; full attention within each block."""
-        b, t, d = x.shape
-        h = self.num_heads
-
-        def heads(y: torch.Tensor) -> torch.Tensor:
-            return y.view(b, t, h, d // h).transpose(1, 2)
-
-        o = F.scaled_dot_product_attention(heads(self.q_proj(x)), heads(self.k_proj(x)), heads(self.v_proj(x)))
-        return self.out_proj(o.transpose(1, 2).reshape(b, t, d))
 
 
 class AudioEncoderLayer(nn.Module):
     def __init__(self, cfg: AudioEncoderConfig):
         super().__init__()
         d = cfg.d_model
-        self.self_attn = AudioAttention(d, cfg.num_heads)
+        self.self_attn = WindowAttention(d, cfg.num_heads)
         self.self_attn_layer_norm = nn.LayerNorm(d)
         self.fc1 = nn.Linear(d, cfg.ffn_dim)
         self.fc2 = nn.Linear(cfg.ffn_dim, d)

@@ -8,22 +8,12 @@ and what current transformers writes (``rope_parameters``).
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-from ..checkpoint import ConfigError
+from ..checkpoint import ConfigError, config_field, load_config_file
 
 MODEL_TYPE = "qwen2_5_omni"
-
-
-def _get(d: dict, key: str, where: str, default: Any = ...):
-    if key in d and d[key] is not None:
-        return d[key]
-    if default is ...:
-        raise ConfigError(f"{where}: missing field '{key}'")
-    return default
 
 
 def _rope(d: dict, where: str) -> tuple[float, tuple[int, ...]]:
@@ -73,22 +63,22 @@ class DecoderConfig:
             raise ConfigError(f"{where}: hidden_act '{act}' is not supported (Qwen2.5-Omni uses silu)")
         if d.get("use_sliding_window"):
             raise ConfigError(f"{where}: use_sliding_window=true is not supported")
-        hidden = int(_get(d, "hidden_size", where))
-        heads = int(_get(d, "num_attention_heads", where))
+        hidden = int(config_field(d, "hidden_size", where))
+        heads = int(config_field(d, "num_attention_heads", where))
         theta, section = _rope(d, where)
         return cls(
-            vocab_size=int(_get(d, "vocab_size", where)),
+            vocab_size=int(config_field(d, "vocab_size", where)),
             hidden_size=hidden,
-            intermediate_size=int(_get(d, "intermediate_size", where)),
-            num_layers=int(_get(d, "num_hidden_layers", where)),
+            intermediate_size=int(config_field(d, "intermediate_size", where)),
+            num_layers=int(config_field(d, "num_hidden_layers", where)),
             num_heads=heads,
-            num_kv_heads=int(_get(d, "num_key_value_heads", where, heads)),
-            head_dim=int(_get(d, "head_dim", where, hidden // heads)),
-            rms_norm_eps=float(_get(d, "rms_norm_eps", where, 1e-6)),
+            num_kv_heads=int(config_field(d, "num_key_value_heads", where, heads)),
+            head_dim=int(config_field(d, "head_dim", where, hidden // heads)),
+            rms_norm_eps=float(config_field(d, "rms_norm_eps", where, 1e-6)),
             rope_theta=theta,
             mrope_section=section,
-            max_position_embeddings=int(_get(d, "max_position_embeddings", where, 32768)),
-            embedding_size=int(_get(d, "embedding_size", where, hidden)),
+            max_position_embeddings=int(config_field(d, "max_position_embeddings", where, 32768)),
+            embedding_size=int(config_field(d, "embedding_size", where, hidden)),
         )
 
 
@@ -109,14 +99,14 @@ class AudioEncoderConfig:
         if act != "gelu":
             raise ConfigError(f"{where}: activation_function '{act}' is not supported (expected gelu)")
         return cls(
-            num_mel_bins=int(_get(d, "num_mel_bins", where)),
-            d_model=int(_get(d, "d_model", where)),
-            num_layers=int(_get(d, "encoder_layers", where)),
-            num_heads=int(_get(d, "encoder_attention_heads", where)),
-            ffn_dim=int(_get(d, "encoder_ffn_dim", where)),
-            max_source_positions=int(_get(d, "max_source_positions", where)),
-            n_window=int(_get(d, "n_window", where)),
-            output_dim=int(_get(d, "output_dim", where)),
+            num_mel_bins=int(config_field(d, "num_mel_bins", where)),
+            d_model=int(config_field(d, "d_model", where)),
+            num_layers=int(config_field(d, "encoder_layers", where)),
+            num_heads=int(config_field(d, "encoder_attention_heads", where)),
+            ffn_dim=int(config_field(d, "encoder_ffn_dim", where)),
+            max_source_positions=int(config_field(d, "max_source_positions", where)),
+            n_window=int(config_field(d, "n_window", where)),
+            output_dim=int(config_field(d, "output_dim", where)),
         )
 
 
@@ -133,8 +123,8 @@ class ThinkerConfig:
 
     @classmethod
     def from_dict(cls, d: dict, where: str = "thinker_config") -> "ThinkerConfig":
-        text = DecoderConfig.from_dict(_get(d, "text_config", where), f"{where}.text_config")
-        audio = AudioEncoderConfig.from_dict(_get(d, "audio_config", where), f"{where}.audio_config")
+        text = DecoderConfig.from_dict(config_field(d, "text_config", where), f"{where}.text_config")
+        audio = AudioEncoderConfig.from_dict(config_field(d, "audio_config", where), f"{where}.audio_config")
         if audio.output_dim != text.hidden_size:
             raise ConfigError(f"{where}.audio_config.output_dim {audio.output_dim} != text hidden_size {text.hidden_size}")
         tie = d.get("tie_word_embeddings")
@@ -143,12 +133,12 @@ class ThinkerConfig:
         return cls(
             text=text,
             audio=audio,
-            audio_token_id=int(_get(d, "audio_token_index", where)),
-            audio_start_token_id=int(_get(d, "audio_start_token_id", where)),
-            audio_end_token_id=int(_get(d, "audio_end_token_id", where)),
+            audio_token_id=int(config_field(d, "audio_token_index", where)),
+            audio_start_token_id=int(config_field(d, "audio_start_token_id", where)),
+            audio_end_token_id=int(config_field(d, "audio_end_token_id", where)),
             tie_word_embeddings=bool(tie),
-            position_id_per_seconds=int(_get(d, "position_id_per_seconds", where, 25)),
-            seconds_per_chunk=int(_get(d, "seconds_per_chunk", where, 2)),
+            position_id_per_seconds=int(config_field(d, "position_id_per_seconds", where, 25)),
+            seconds_per_chunk=int(config_field(d, "seconds_per_chunk", where, 2)),
         )
 
 
@@ -167,13 +157,13 @@ class TalkerConfig:
     def from_dict(cls, d: dict, where: str = "talker_config") -> "TalkerConfig":
         return cls(
             decoder=DecoderConfig.from_dict(d, where),
-            codec_bos_id=int(_get(d, "tts_codec_start_token_id", where)),
-            codec_eos_id=int(_get(d, "tts_codec_end_token_id", where)),
-            codec_pad_id=int(_get(d, "tts_codec_pad_token_id", where)),
-            codec_mask_id=int(_get(d, "tts_codec_mask_token_id", where)),
-            text_bos_id=int(_get(d, "tts_text_start_token_id", where)),
-            text_eos_id=int(_get(d, "tts_text_end_token_id", where)),
-            text_pad_id=int(_get(d, "tts_text_pad_token_id", where)),
+            codec_bos_id=int(config_field(d, "tts_codec_start_token_id", where)),
+            codec_eos_id=int(config_field(d, "tts_codec_end_token_id", where)),
+            codec_pad_id=int(config_field(d, "tts_codec_pad_token_id", where)),
+            codec_mask_id=int(config_field(d, "tts_codec_mask_token_id", where)),
+            text_bos_id=int(config_field(d, "tts_text_start_token_id", where)),
+            text_eos_id=int(config_field(d, "tts_text_end_token_id", where)),
+            text_pad_id=int(config_field(d, "tts_text_pad_token_id", where)),
         )
 
     @property
@@ -197,9 +187,9 @@ class OmniConfig:
             arch = d.get("architectures")
             raise ConfigError(f"{where}: not a Qwen2.5-Omni checkpoint (model_type is '{what}'"
                               f"{', architectures ' + str(arch) if arch else ''}; expected '{MODEL_TYPE}')")
-        thinker = ThinkerConfig.from_dict(_get(d, "thinker_config", where), "thinker_config")
+        thinker = ThinkerConfig.from_dict(config_field(d, "thinker_config", where), "thinker_config")
         audio_out = d.get("enable_audio_output", True)
-        talker = TalkerConfig.from_dict(_get(d, "talker_config", where)) if audio_out else None
+        talker = TalkerConfig.from_dict(config_field(d, "talker_config", where)) if audio_out else None
         if talker is not None and talker.decoder.embedding_size != thinker.text.hidden_size:
             raise ConfigError(f"talker_config.embedding_size {talker.decoder.embedding_size} != thinker hidden_size "
                               f"{thinker.text.hidden_size}")
@@ -208,15 +198,4 @@ class OmniConfig:
 
     @classmethod
     def from_file(cls, path: str | Path) -> "OmniConfig":
-        path = Path(path)
-        try:
-            d = json.loads(path.read_text())
-        except json.JSONDecodeError as e:
-            raise ConfigError(f"{path}: not valid JSON ({e})") from None
-        if not isinstance(d, dict):
-            raise ConfigError(f"{path}: expected a JSON object")
-        try:
-            return cls.from_dict(d, str(path))
-        except ConfigError as e:
-            msg = str(e)
-            raise ConfigError(msg if msg.startswith(str(path)) else f"{path}: {msg}") from None
+        return load_config_file(path, cls.from_dict)

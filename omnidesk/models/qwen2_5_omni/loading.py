@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from ..checkpoint import (DEFAULT_DEVICE_DTYPE, CheckpointError, ConfigError, MappingReport, ModelTooLargeError,
-                          Target, copy_tensors, match_tensors, materialize, read_safetensors_header, require_file,
+                          Target, copy_tensors, match_tensors, materialize, checkpoint_shapes, require_file,
                           resolve_checkpoint, weight_files)
 from ..features import FeatureConfig
 from ..quant import (QUANTIZE_CHOICES, FusedLinear, LinearPart, QuantConfig, describe_paths, load_linears,
@@ -367,12 +367,7 @@ def load_stack(model: str | os.PathLike, device: str | torch.device = "cpu", dty
     generation_config = json.loads(gen_path.read_text()) if gen_path.is_file() else {}
 
     files = weight_files(root)
-    headers: dict[Path, dict] = {f: read_safetensors_header(f) for f in sorted(set(files.values()))}
-    shapes = {}
-    for name, f in files.items():
-        if name not in headers[f]:
-            raise CheckpointError(f"{f}: tensor '{name}' is listed in the index but not in the file")
-        shapes[name] = tuple(headers[f][name]["shape"])
+    shapes = checkpoint_shapes(files)
     if cfg.talker is None:  # no speech output: talker and vocoder tensors are neither loaded nor unexpected
         shapes = {n: s for n, s in shapes.items() if not n.startswith(("talker.", "token2wav."))}
 

@@ -50,7 +50,6 @@ for other values); ours uses ``f(C)`` and equals it for the published 50.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, fields
 from typing import Callable
 
@@ -59,6 +58,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..checkpoint import ConfigError
+from ..layers import WindowAttention, sinusoid_table
 
 __all__ = ["AudioEncoderConfig", "AudioEncoder", "conv_frames"]
 
@@ -174,41 +174,12 @@ class AudioEncoderConfig:
         return full * self.chunk_tokens + conv_frames(rest)
 
 
-def sinusoid_table(length: int, channels: int, max_timescale: float = 10000.0) -> torch.Tensor:
-    """Whisper-style positions [length, channels] (float32): sin on the first half, cos on the second."""
-    half = channels // 2
-    inv = torch.exp(-(math.log(max_timescale) / (half - 1)) * torch.arange(half).float())
-    angle = torch.arange(length)[:, None] * inv[None, :]
-    return torch.cat([angle.sin(), angle.cos()], dim=1)
-
-
-class AudioAttention(nn.Module):
-    def __init__(self, dim: int, num_heads: int):
-        super().__init__()
-        self.num_heads = num_heads
-        self.q_proj = nn.Linear(dim, dim)
-        self.k_proj = nn.Linear(dim, dim)
-        self.v_proj = nn.Linear(dim, dim)
-        self.out_proj = nn.Linear(dim, dim)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x: [windows, T, D]; full (non-causal) attention inside each window."""
-        b, t, d = x.shape
-        h = self.num_heads
-
-        def heads(y: torch.Tensor) -> torch.Tensor:
-            return y.view(b, t, h, d // h).transpose(1, 2)
-
-        o = F.scaled_dot_product_attention(heads(self.q_proj(x)), heads(self.k_proj(x)), heads(self.v_proj(x)))
-        return self.out_proj(o.transpose(1, 2).reshape(b, t, d))
-
-
 class AudioEncoderLayer(nn.Module):
     def __init__(self, cfg: AudioEncoderConfig):
         super().__init__()
         d = cfg.d_model
         self.act = _ACTIVATIONS[cfg.activation_function]
-        self.self_attn = AudioAttention(d, cfg.encoder_attention_heads)
+        self.self_attn = WindowAttention(d, cfg.encoder_attention_heads, key_bias=True)
         self.self_attn_layer_norm = nn.LayerNorm(d)
         self.fc1 = nn.Linear(d, cfg.encoder_ffn_dim)
         self.fc2 = nn.Linear(cfg.encoder_ffn_dim, d)

@@ -10,12 +10,10 @@ together with the token ids that connect the stages.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-from ..checkpoint import ConfigError
+from ..checkpoint import ConfigError, config_field, load_config_file
 from .audio_encoder import AudioEncoderConfig
 from .code2wav import Code2WavConfig
 from .decoder import DecoderConfig
@@ -23,16 +21,8 @@ from .decoder import DecoderConfig
 MODEL_TYPE = "qwen3_omni_moe"
 
 
-def _get(d: dict, key: str, where: str, default: Any = ...):
-    if key in d and d[key] is not None:
-        return d[key]
-    if default is ...:
-        raise ConfigError(f"{where}: missing field '{key}'")
-    return default
-
-
 def _id(d: dict, key: str, where: str) -> int:
-    v = _get(d, key, where)
+    v = config_field(d, key, where)
     if not isinstance(v, int) or isinstance(v, bool) or v < 0:
         raise ConfigError(f"{where}.{key}: expected a token id (non-negative integer), got {v!r}")
     return v
@@ -47,12 +37,12 @@ class ThinkerConfig:
 
     @classmethod
     def from_dict(cls, d: dict, where: str = "thinker_config") -> "ThinkerConfig":
-        text = DecoderConfig.from_dict(_get(d, "text_config", where), f"{where}.text_config")
-        audio = AudioEncoderConfig.from_dict(_get(d, "audio_config", where), f"{where}.audio_config")
+        text = DecoderConfig.from_dict(config_field(d, "text_config", where), f"{where}.text_config")
+        audio = AudioEncoderConfig.from_dict(config_field(d, "audio_config", where), f"{where}.audio_config")
         if audio.output_dim != text.hidden_size:
             raise ConfigError(f"{where}.audio_config.output_dim {audio.output_dim} != text_config.hidden_size "
                               f"{text.hidden_size}")
-        if _get(d, "tie_word_embeddings", where, False) or _get(d["text_config"], "tie_word_embeddings", where, False):
+        if config_field(d, "tie_word_embeddings", where, False) or config_field(d["text_config"], "tie_word_embeddings", where, False):
             raise ConfigError(f"{where}: tie_word_embeddings is true; Qwen3-Omni's thinker has its own lm_head")
         return cls(text=text, audio=audio, audio_token_id=_id(d, "audio_token_id", where),
                    audio_start_token_id=_id(d, "audio_start_token_id", where))
@@ -75,17 +65,17 @@ class TalkerConfig:
 
     @classmethod
     def from_dict(cls, d: dict, where: str = "talker_config") -> "TalkerConfig":
-        text = DecoderConfig.from_dict(_get(d, "text_config", where), f"{where}.text_config")
-        cp = DecoderConfig.from_dict(_get(d, "code_predictor_config", where), f"{where}.code_predictor_config")
-        speakers = _get(d, "speaker_id", where)
+        text = DecoderConfig.from_dict(config_field(d, "text_config", where), f"{where}.text_config")
+        cp = DecoderConfig.from_dict(config_field(d, "code_predictor_config", where), f"{where}.code_predictor_config")
+        speakers = config_field(d, "speaker_id", where)
         if not isinstance(speakers, dict) or not speakers:
             raise ConfigError(f"{where}.speaker_id: expected a non-empty {{name: codec id}} object, got {speakers!r}")
-        groups = _get(d, "num_code_groups", where)
+        groups = config_field(d, "num_code_groups", where)
         if not isinstance(groups, int) or groups < 2:
             raise ConfigError(f"{where}.num_code_groups: expected an integer >= 2, got {groups!r}")
         cfg = cls(text=text, code_predictor=cp, num_code_groups=groups,
-                  thinker_hidden_size=int(_get(d, "thinker_hidden_size", where)),
-                  accept_hidden_layer=int(_get(d, "accept_hidden_layer", where)),
+                  thinker_hidden_size=int(config_field(d, "thinker_hidden_size", where)),
+                  accept_hidden_layer=int(config_field(d, "accept_hidden_layer", where)),
                   codec_eos_id=_id(d, "codec_eos_token_id", where), codec_pad_id=_id(d, "codec_pad_id", where),
                   codec_bos_id=_id(d, "codec_bos_id", where), codec_nothink_id=_id(d, "codec_nothink_id", where),
                   codec_think_bos_id=_id(d, "codec_think_bos_id", where),
@@ -126,10 +116,10 @@ class Qwen3OmniConfig:
         if model_type != MODEL_TYPE:
             what = model_type or "no model_type"
             raise ConfigError(f"{where}: not a Qwen3-Omni checkpoint (model_type is '{what}'; expected '{MODEL_TYPE}')")
-        thinker = ThinkerConfig.from_dict(_get(d, "thinker_config", where))
+        thinker = ThinkerConfig.from_dict(config_field(d, "thinker_config", where))
         audio_out = bool(d.get("enable_audio_output", True))
-        talker = TalkerConfig.from_dict(_get(d, "talker_config", where)) if audio_out else None
-        code2wav = Code2WavConfig.from_dict(_get(d, "code2wav_config", where), "code2wav_config") if audio_out else None
+        talker = TalkerConfig.from_dict(config_field(d, "talker_config", where)) if audio_out else None
+        code2wav = Code2WavConfig.from_dict(config_field(d, "code2wav_config", where), "code2wav_config") if audio_out else None
         if talker is not None:
             if talker.thinker_hidden_size != thinker.text.hidden_size:
                 raise ConfigError(f"talker_config.thinker_hidden_size {talker.thinker_hidden_size} != thinker "
@@ -148,15 +138,4 @@ class Qwen3OmniConfig:
 
     @classmethod
     def from_file(cls, path: str | Path) -> "Qwen3OmniConfig":
-        path = Path(path)
-        try:
-            d = json.loads(path.read_text())
-        except json.JSONDecodeError as e:
-            raise ConfigError(f"{path}: not valid JSON ({e})") from None
-        if not isinstance(d, dict):
-            raise ConfigError(f"{path}: expected a JSON object")
-        try:
-            return cls.from_dict(d, str(path))
-        except ConfigError as e:
-            msg = str(e)
-            raise ConfigError(msg if msg.startswith(str(path)) else f"{path}: {msg}") from None
+        return load_config_file(path, cls.from_dict)

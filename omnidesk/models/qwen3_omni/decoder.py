@@ -42,7 +42,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..checkpoint import ConfigError, Target
+from ..checkpoint import ConfigError, Target, config_field
 from ..kv_cache import KVCache
 from ..layers import RMSNorm, apply_rotary
 
@@ -54,16 +54,8 @@ GATHER_MAX_TOKENS = 2
 
 # ---------------------------------------------------------------- config
 
-def _get(d: dict, key: str, where: str, default: Any = ...):
-    if key in d and d[key] is not None:
-        return d[key]
-    if default is ...:
-        raise ConfigError(f"{where}: missing field '{key}'")
-    return default
-
-
 def _int(d: dict, key: str, where: str, default: Any = ..., minimum: int = 1) -> int:
-    value = _get(d, key, where, default)
+    value = config_field(d, key, where, default)
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ConfigError(f"{where}: field '{key}' must be an integer >= {minimum}, got {value!r}")
     return value
@@ -71,7 +63,7 @@ def _int(d: dict, key: str, where: str, default: Any = ..., minimum: int = 1) ->
 
 def _float(d: dict, key: str, where: str, value: Any = ...) -> float:
     if value is ...:
-        value = _get(d, key, where)
+        value = config_field(d, key, where)
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
         raise ConfigError(f"{where}: field '{key}' must be a positive number, got {value!r}")
     return float(value)
@@ -175,7 +167,7 @@ class DecoderConfig:
         moe: dict[str, Any] = {}
         if experts:
             shared = _int(d, "shared_expert_intermediate_size", where, 0, minimum=0)
-            norm_topk = _get(d, "norm_topk_prob", where)
+            norm_topk = config_field(d, "norm_topk_prob", where)
             if not isinstance(norm_topk, bool):
                 raise ConfigError(f"{where}: field 'norm_topk_prob' must be true or false, got {norm_topk!r}")
             only = d.get("mlp_only_layers") or []

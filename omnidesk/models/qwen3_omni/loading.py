@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from ..checkpoint import (DEFAULT_DEVICE_DTYPE, CheckpointError, MappingReport, ModelTooLargeError, Target,
-                          copy_tensors, match_tensors, materialize, read_safetensors_header, require_file,
+                          copy_tensors, match_tensors, materialize, checkpoint_shapes, require_file,
                           resolve_checkpoint, weight_files)
 from ..features import FeatureConfig
 from ..memory import available_ram, gib
@@ -157,12 +157,7 @@ def load_stack(model: str | os.PathLike, device: str | torch.device = "cpu", dty
         raise CheckpointError(f"{gen_path}: not valid JSON ({e})") from None
 
     files = weight_files(root)
-    headers: dict[Path, dict] = {f: read_safetensors_header(f) for f in sorted(set(files.values()))}
-    shapes = {}
-    for name, f in files.items():
-        if name not in headers[f]:
-            raise CheckpointError(f"{f}: tensor '{name}' is listed in the index but not in the file")
-        shapes[name] = tuple(headers[f][name]["shape"])
+    shapes = checkpoint_shapes(files)
 
     with torch.device("meta"):
         omni = Qwen3OmniModel(cfg)

@@ -16,6 +16,7 @@ from typing import Protocol
 
 from ..checkpoint import Target
 from ..kv_cache import KVCache
+from ..layers import fill_placeholders
 from .audio_encoder import AudioEncoder
 from .decoder import Decoder, DecoderConfig, _join, decoder_weight_map
 
@@ -44,15 +45,7 @@ class Thinker(nn.Module):
 
     def embed(self, ids: torch.Tensor, audio_tokens: torch.Tensor | None = None) -> torch.Tensor:
         """ids [T] -> input embeddings [T, H]; audio placeholders take ``audio_tokens`` rows in order."""
-        embeds = self.embed_tokens(ids)
-        is_audio = ids == self.audio_token_id
-        n_placeholders = int(is_audio.sum())
-        n_audio = 0 if audio_tokens is None else audio_tokens.shape[0]
-        if n_placeholders != n_audio:
-            raise ValueError(f"prompt has {n_placeholders} audio placeholders but {n_audio} audio tokens were given")
-        if n_audio:
-            embeds = embeds.masked_scatter(is_audio[:, None], audio_tokens.to(embeds.dtype))
-        return embeds
+        return fill_placeholders(self.embed_tokens(ids), ids == self.audio_token_id, audio_tokens)
 
     def forward(self, embeds: torch.Tensor, cache: KVCache, hidden_layer: int | None = None):
         """Prefill or decode: embeds [T, H] appended to the cache -> final-normed hidden [T, H]
