@@ -316,3 +316,79 @@ def test_the_real_model_is_refused_on_a_cpu_without_the_ram(tmp_path):
         load_stack(tmp_path, device="cpu")
     msg = str(e.value)
     assert str(tmp_path) in msg and "RAM" in msg and "GiB" in msg and "--device cuda" in msg
+
+
+def _fresh_rows(ex: Qwen3OmniExecutor):
+    """A fresh executor's prefill of exactly the ids + audio ``ex`` holds: (last logits, context
+    rows, which rows the talker reads)."""
+    fresh = Qwen3OmniExecutor(ex.stack, capacity=ex.capacity, max_reply_tokens=ex.max_reply_tokens,
+                              max_codec_tokens=ex.max_codec_tokens, **_greedy(ex.stack))
+    fresh._prefill(list(ex.ids), ex._stored_audio(0, len(ex.ids)))
+    n = len(ex.ids)
+    return fresh.thinker.logits(fresh._last_hidden), fresh.context_rows[:n], fresh.context_used[:n]
+
+
+def test_long_conversation_drops_old_turns_and_the_talker_reads_what_a_fresh_prefill_gives(q3):
+    """Turns until the thinker cache fills several times (cut-ins and finished replies mixed): each
+    drop re-prefills the kept turns, and then the thinker, the talker's rows and which of them it
+    reads equal a fresh prefill of the same history; the talker cache holds exactly the user rows."""
+    path, _ = q3
+    stack = load_stack(path)
+    ex = Qwen3OmniExecutor(stack, capacity=160, max_reply_tokens=8, max_codec_tokens=6, **_greedy(stack))
+    drops = 0
+    for turn in range(14):
+        ex.begin_user_turn()
+        ex.add_user_audio(_wave(0.9 + 0.1 * (turn % 3), seed=20 + turn).numpy())
+        ex.end_user_turn()
+        drops += len(ex.take_overflows())
+        logits, rows, used = _fresh_rows(ex)  # the prompt as read, after any drop it needed
+        assert float((logits - ex.thinker.logits(ex._last_hidden)).abs().max()) <= 1e-4
+        assert float((rows - ex.context_rows[:len(ex.ids)]).abs().max()) <= 1e-4
+        assert torch.equal(used, ex.context_used[:len(ex.ids)])
+        ex.start_reply()
+        while not (ex.thinker_done and ex.talker_done):
+            ex.thinker_step()
+            ex.talker_step()
+        if turn % 3 == 2:
+            ex.interrupt(heard_samples=3 * ex.samples_per_code)
+        else:
+            ex.finish_reply()
+        drops += len(ex.take_overflows())
+        assert len(ex.ids) == ex.thinker_cache_length <= ex.capacity
+        assert ex.talker_cache.length == int(ex.context_used[:ex.talker_context].sum())
+    assert drops >= 3
+
+
+def test_a_failure_mid_reply_forgets_the_turn_and_the_conversation_goes_on(q3):
+    """The vocoder fails mid-reply (a frame of codes it cannot take): abandon_turn puts the thinker
+    and the talker back where the turn began, and the next turn equals one on a fresh executor."""
+    path, _ = q3
+    stack = load_stack(path)
+    ex = Qwen3OmniExecutor(stack, max_reply_tokens=8, max_codec_tokens=6, **_greedy(stack))
+    ex.begin_user_turn()
+    ex.add_user_audio(_wave(1.0, seed=40).numpy())
+    ex.end_user_turn()
+    ex.start_reply()
+    while not ex.talker_done:
+        ex.thinker_step()
+        ex.talker_step()
+    ex.finish_reply()
+    before = (list(ex.ids), ex.talker_cache.length)
+    ex.begin_user_turn()
+    ex.add_user_audio(_wave(1.0, seed=41).numpy())
+    ex.end_user_turn()
+    ex.start_reply()
+    for _ in range(3):
+        ex.thinker_step()
+        ex.talker_step()
+    ex._reply["codes"][-1] = [stack.config.code2wav.codebook_size] * stack.config.talker.num_code_groups
+    with pytest.raises(ValueError, match="code2wav codes must lie in"):
+        ex.vocoder_step()
+    assert ex.abandon_turn()
+    assert (list(ex.ids), ex.talker_cache.length) == before
+    ex.begin_user_turn()
+    ex.add_user_audio(_wave(1.0, seed=42).numpy())
+    ex.end_user_turn()
+    logits, rows, used = _fresh_rows(ex)
+    assert float((logits - ex.thinker.logits(ex._last_hidden)).abs().max()) <= 1e-4
+    assert torch.equal(used, ex.context_used[:len(ex.ids)])
