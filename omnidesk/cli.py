@@ -254,7 +254,7 @@ def cmd_models_list(args) -> int:
 
     found = find_checkpoints([Path(d) for d in args.dir or []], include_demo=True)
     for info in found:
-        state = "ok" if info.loads else "BROKEN"
+        state = "BROKEN" if info.problems else f"NOT SUPPORTED ({info.unsupported})" if info.unsupported else "ok"
         demo = "  (the demo model: random weights, its replies are noise)" if info.demo else ""
         params = f"{info.params / 1e9:.2f}B" if info.params >= 1e9 else f"{info.params / 1e6:.1f}M"
         print(f"{info.name}{demo}\n    {info.path}\n    {info.title}{' (full duplex)' if info.duplex else ''}, "
@@ -298,8 +298,10 @@ def cmd_models_verify(args) -> int:
         print(f"  --  {family_named(report.family).demo_notice}")
     for line in report.problems:
         print(f"  !!  {line}")
+    if report.unsupported:
+        print(f"  !!  OmniDesk cannot run this checkpoint: {report.unsupported}")
     print("verified: no problems" if report.ok else f"{len(report.problems)} problem(s)")
-    return 0 if report.ok else 1
+    return 0 if report.usable else 1
 
 
 def cmd_models_download(args) -> int:

@@ -211,6 +211,37 @@ def test_check_fits_suggests_shorter_context():
                                          "or running on the CPU (slower).")
 
 
+def test_the_7b_is_refused_on_a_cpu_without_the_ram(tmp_path, monkeypatch):
+    """The published 7B config on a CPU with too little RAM: refused before any file but config.json is
+    read, naming the need and what is free, with int8 suggested only when it would fit."""
+    from omnidesk.models.checkpoint import ModelTooLargeError
+    from omnidesk.models.qwen2_5_omni.loading import load_stack
+
+    shutil.copy(DATA / "qwen2_5_omni_7b" / "config.json", tmp_path / "config.json")
+    fp32 = estimate_memory(_config("7b"), torch.float32, 8192).total
+    int8 = estimate_memory(_config("7b"), torch.float32, 8192, quantization="int8").total
+    assert 35 * GiB < fp32 < 50 * GiB and int8 < 0.6 * fp32  # thinker, talker and vocoder in fp32
+    monkeypatch.setattr(memory, "available_ram", lambda: int8 + GiB)
+    with pytest.raises(ModelTooLargeError) as e:
+        load_stack(tmp_path, device="cpu")
+    assert str(e.value) == (f"{tmp_path}: on the CPU in float32 this model needs about {memory.gib(fp32)} of RAM "
+                            f"but only {memory.gib(int8 + GiB)} is available; load it with --quantize int8 (about "
+                            f"{memory.gib(int8)}) or run it on a GPU with enough memory (--device cuda)")
+    monkeypatch.setattr(memory, "available_ram", lambda: int8 - GiB)
+    for quantize in (None, "int8"):  # int8 does not fit either: not suggested, and refused when asked for
+        with pytest.raises(ModelTooLargeError) as e:
+            load_stack(tmp_path, device="cpu", quantize=quantize)
+        assert "--quantize int8" not in str(e.value) and "--device cuda" in str(e.value)
+        assert f"needs about {memory.gib(int8 if quantize else fp32)} of RAM" in str(e.value)
+
+
+def test_available_ram_counts_the_page_cache():
+    """MemAvailable, not MemFree: after a download the page cache holds most RAM and is given back."""
+    meminfo = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines())
+    total = int(meminfo["MemTotal"].split()[0]) * 1024
+    assert 0 < memory.available_ram() <= total
+
+
 def test_load_refuses_a_model_too_big_for_the_gpu_before_loading(tiny_checkpoints, monkeypatch):
     import torch
 

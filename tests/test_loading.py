@@ -68,6 +68,12 @@ def test_config_not_json(ckpt):
     assert msg.startswith(f"{ckpt / 'config.json'}: not valid JSON"), msg
 
 
+def test_generation_config_not_json(ckpt):
+    (ckpt / "generation_config.json").write_text('{"temperature": ')  # a download cut short
+    msg = _raises(ConfigError, ckpt)
+    assert msg.startswith(f"{ckpt / 'generation_config.json'}: not valid JSON"), msg
+
+
 def test_corrupt_speakers(ckpt):
     (ckpt / "spk_dict.pt").write_bytes(torch.randint(0, 256, (4096,), generator=torch.Generator().manual_seed(3),
                                                      dtype=torch.uint8).numpy().tobytes())

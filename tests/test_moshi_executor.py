@@ -21,6 +21,7 @@ from omnidesk.engine.executor import StageError
 from omnidesk.models.checkpoint import ConfigError
 from omnidesk.models.families import MOSHI, QWEN, family_named, family_of, resolve_model
 from omnidesk.models.checkpoint import CheckpointError
+from omnidesk.models.checkpoint import ModelTooLargeError
 from omnidesk.models.moshi.config import DEMO as LM_DEMO
 from omnidesk.models.moshi.config import MIMI_NAME, MOSHI_7B, MOSHI_NAME, TOKENIZER_NAME, MoshiSampling
 from omnidesk.models.moshi.demo import (DEMO_NOTICE, default_demo_dir, is_moshi_demo, lm_checkpoint_tensors,
@@ -219,6 +220,21 @@ def test_memory_estimate_of_the_7b():
     message = check_fits(est, 16 * 2**30)
     assert "16.0 GiB is free" in message and "shorter context" in message
     assert "shorter context" not in check_fits(est, 8 * 2**30)
+
+
+def test_the_7b_is_refused_on_a_cpu_without_the_ram(tmp_path, monkeypatch):
+    """The published layout (no config.json: the 7B's numbers) on a CPU with 8 GiB free: refused
+    before a weight is read, naming the need."""
+    from omnidesk.models import memory
+
+    for name in (MOSHI_NAME, MIMI_NAME, TOKENIZER_NAME):
+        (tmp_path / name).write_bytes(b"")  # never opened: the refusal comes first
+    monkeypatch.setattr(memory, "available_ram", lambda: 8 * 2**30)
+    with pytest.raises(ModelTooLargeError) as e:
+        load_moshi(tmp_path, device="cpu")
+    need = estimate_memory(MOSHI_7B, torch.float32).total
+    assert str(e.value) == (f"{tmp_path}: on the CPU in float32 this model needs about {memory.gib(need)} of RAM but "
+                            f"only 8.0 GiB is available; run it on a GPU with enough memory (--device cuda)")
 
 
 # ---------------------------------------------------------------- the family registry

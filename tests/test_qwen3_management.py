@@ -26,6 +26,7 @@ from safetensors.torch import load_file, save_file
 
 from omnidesk import cli, doctor
 from omnidesk.engine.executor import StageError
+from omnidesk.gui.model_loader import catalog
 from omnidesk.models.checkpoint import CheckpointError, ConfigError, ModelTooLargeError, resolve_checkpoint
 from omnidesk.models.choice import WHY_CACHED, choose_model
 from omnidesk.models.download import DownloadError, download
@@ -335,14 +336,24 @@ def test_a_sharded_checkpoint_loads_like_the_single_file(q3_src, q3_stack, tmp_p
                                               f"model.safetensors.index.json)")
 
 
-def test_a_checkpoint_without_a_talker_is_refused_in_words(q3):
-    # a -Thinking / -Captioner checkpoint: the thinker alone
-    _edit_config(q3, lambda raw: raw.__setitem__("enable_audio_output", False))
+def _make_thinker_only(root: Path) -> None:
+    """Turn ``root`` into the layout of a -Thinking / -Captioner checkpoint: the thinker alone."""
+    _edit_config(root, lambda raw: raw.__setitem__("enable_audio_output", False))
+    for f in root.glob("*.safetensors"):
+        _rewrite(f, lambda t: [t.pop(k) for k in list(t) if k.startswith(("talker.", "code2wav."))])
+
+
+def test_a_checkpoint_without_a_talker_is_intact_but_not_supported(q3):
+    _make_thinker_only(q3)
     msg = _raises(CheckpointError, q3)
     assert msg.startswith(f"{q3}: this checkpoint has no talker (enable_audio_output is false")
     assert "needs one that speaks" in msg
-    assert verify(q3).problems == [f"{q3}: this checkpoint has no talker (enable_audio_output is false); "
-                                   f"OmniDesk needs one that speaks"]
+    # not "damaged": the download is fine (its thinker tensors all map), OmniDesk just cannot speak with it
+    report = verify(q3)
+    assert report.problems == [] and not report.usable
+    assert report.unsupported.startswith("text only, no speech output (enable_audio_output is false")
+    assert any(line.startswith("tensor names and shapes") for line in report.checked)
+    assert not any(line.startswith("load test") for line in report.checked)  # the loader would refuse it
 
 
 def test_a_voice_the_config_does_not_have(q3_src, q3_stack):
@@ -355,16 +366,16 @@ def test_a_voice_the_config_does_not_have(q3_src, q3_stack):
     assert info.value.stage == "voice" and isinstance(info.value.cause, KeyError)
     msg = str(info.value)
     assert str(q3_src / "config.json") in msg and "'nobody'" in msg
-    assert "talker_config.speaker_id has: aiden, chelsie, ethan" in msg
-    ex.start_reply(voice="Chelsie")  # names are the config's, any case
-    assert ex._reply["voice"] == "chelsie"
+    assert "talker_config.speaker_id has: Aiden, Chelsie, Ethan" in msg
+    ex.start_reply(voice="chELSie")  # names are the config's, any case
+    assert ex._reply["voice"] == "Chelsie"
     # through the registry: refused at load, with what the model has
-    with pytest.raises(CheckpointError, match=r"^unknown voice 'nobody'; this model has: aiden, chelsie, ethan$"):
+    with pytest.raises(CheckpointError, match=r"^unknown voice 'nobody'; this model has: Aiden, Chelsie, Ethan$"):
         QWEN3.load(q3_src, "cpu", LoadOptions(voice="nobody"))
-    loaded = QWEN3.load(q3_src, "cpu", LoadOptions(voice="Ethan"))
+    loaded = QWEN3.load(q3_src, "cpu", LoadOptions(voice="ethan"))
     assert isinstance(loaded.executor, Qwen3OmniExecutor) and not loaded.demo
     # the default speaker first (front ends start on voices[0]): Ethan, as the reference's generate()
-    assert loaded.voices == ["ethan", "aiden", "chelsie"] and loaded.stack.default_voice == "ethan"
+    assert loaded.voices == ["Ethan", "Aiden", "Chelsie"] and loaded.stack.default_voice == "Ethan"
     assert loaded.model_info == {"path": str(q3_src), "family": "qwen3_omni", "demo": False, "dtype": "float32"}
 
 
@@ -378,7 +389,7 @@ def test_models_list_and_verify_a_cached_qwen3(capsys, monkeypatch, q3_hf, q3_sr
     lines = out.splitlines()
     assert rc == 0 and lines[:2] == [REPO3, f"    {snap}"], out
     assert lines[2].startswith("    Qwen3-Omni, 0.01 GB, ") and lines[2].endswith(
-        " params, float32, voices: aiden, chelsie, ethan, ok"), lines[2]
+        " params, float32, voices: Aiden, Chelsie, Ethan, ok"), lines[2]
     assert "no real checkpoint found" not in out
     # the automatic choice (CLI and window) takes it
     choice = choose_model(None)
@@ -398,8 +409,7 @@ def test_models_list_and_verify_a_cached_qwen3(capsys, monkeypatch, q3_hf, q3_sr
 def test_models_verify_and_list_name_what_is_wrong(capsys, monkeypatch, q3_src, tmp_path):
     hf = tmp_path / "hf"
     snap = _fake_hub(hf / "hub", REPO3, q3_src)
-    _fake_hub(hf / "hub", THINKING, q3_src)
-    _edit_config(_snapshot(hf, THINKING), lambda raw: raw.__setitem__("enable_audio_output", False))
+    _make_thinker_only(_fake_hub(hf / "hub", THINKING, q3_src))  # writes through the hub's symlinks
     monkeypatch.setenv("HF_HOME", str(hf))
     _rewrite(snap / "model.safetensors", lambda t: t.pop(EXPERT))  # writes through the hub's symlink
     (snap / "tokenizer.json").unlink()
@@ -408,10 +418,17 @@ def test_models_verify_and_list_name_what_is_wrong(capsys, monkeypatch, q3_src, 
     assert f"  !!  {snap}: missing file tokenizer.json" in out
     assert f"  !!  {snap}: missing weights: {EXPERT}" in out
     assert "load test:" not in out  # no load test on a damaged checkpoint
+    rc, out, _ = run_cli(capsys, "models", "verify", THINKING)
+    assert rc == 1 and "verified: no problems" in out
+    assert "  !!  OmniDesk cannot run this checkpoint: text only, no speech output" in out
     rc, out, _ = run_cli(capsys, "models", "list")
-    assert rc == 0 and out.count("BROKEN") == 2
+    assert rc == 0 and out.count("BROKEN") == 1
     assert f"    problem: {snap}: missing weights: {EXPERT}" in out
-    assert f"    problem: {_snapshot(hf, THINKING)}: this checkpoint has no talker" in out
+    assert "NOT SUPPORTED (text only, no speech output" in out and "problem:" not in out.split(THINKING)[1]
+    # the window's picker says the same, not "damaged"
+    labels = {e.source: e.label for e in catalog() if not e.demo}
+    assert labels[REPO3] == f"{REPO3} (damaged)"
+    assert labels[THINKING].startswith(f"{THINKING} (not supported: text only, no speech output")
     # neither is chosen automatically: the demo comes first
     assert choose_model(None).source == "demo"
     # a truncated file is named too
@@ -441,7 +458,7 @@ def test_the_demo_name_make_demo_and_verify(capsys, q3_demo_src):
     assert out.splitlines()[0] == "qwen3-demo  (the demo model: random weights, its replies are noise)"
     loaded = load_model("qwen3-demo", "cpu")
     assert loaded.family is QWEN3 and loaded.demo and isinstance(loaded.executor, Qwen3OmniExecutor)
-    assert is_demo(loaded.stack.config.raw) and loaded.voices[0] == "ethan"
+    assert is_demo(loaded.stack.config.raw) and loaded.voices[0] == "Ethan"
 
 
 def test_talk_and_reply_with_the_qwen3_demo(capsys, tmp_path):
@@ -465,7 +482,7 @@ def test_talk_and_reply_with_the_qwen3_demo(capsys, tmp_path):
     # an unknown voice is a user error, said in one line when the model loads (before the conversation)
     rc, _, err = run_cli(capsys, "--model", "qwen3-demo", "talk", "--voice", "nobody", "--input", QUESTION,
                          "--output", out_wav, "--timeline", timeline, "--fast")
-    assert rc == 2 and one_error_line(err) == "error: unknown voice 'nobody'; this model has: chelsie, ethan, aiden"
+    assert rc == 2 and one_error_line(err) == "error: unknown voice 'nobody'; this model has: Chelsie, Ethan, Aiden"
     # the one-turn tools (`omnidesk reply`) are the family's own
     rc, out, err = run_cli(capsys, "--model", "qwen3-demo", "reply", "--input", QUESTION, *FAST_REPLY,
                            "--output", tmp_path / "r.wav")
@@ -582,7 +599,7 @@ def test_model_picker_lists_qwen3_and_opens_the_cached_checkpoint(request, monke
         assert isinstance(w.loaded.executor, Qwen3OmniExecutor)
         assert w.demo_banner.isVisible() and "Qwen3-Omni demo model" in w.demo_banner.text
         voices = [w.voice_picker.itemText(i) for i in range(w.voice_picker.count())]
-        assert voices == ["ethan", "chelsie", "aiden"] and w.voice_picker.currentText() == "ethan"
+        assert voices == ["Ethan", "Chelsie", "Aiden"] and w.voice_picker.currentText() == "Ethan"
         # one turn on the demo through the window's engine
         say(qtbot, w)
         qtbot.waitUntil(lambda: turn(w, 1) is not None and turn(w, 1).done, timeout=60000)
@@ -602,7 +619,7 @@ def test_model_picker_lists_qwen3_and_opens_the_cached_checkpoint(request, monke
         assert loaded.stack.path == resolve_checkpoint(REPO3)
         assert loaded.timeline_model_info()["family"] == "qwen3_omni"
         assert not w.demo_banner.isVisible() and settings.model == REPO3
-        assert w.voice_picker.currentText() == "ethan"
+        assert w.voice_picker.currentText() == "Ethan"
         wait_listening(qtbot, w)
     finally:
         close_window(w)

@@ -70,7 +70,7 @@ def catalog(find=None) -> list[CatalogEntry]:
     for info in find():
         if info.demo:
             continue  # the demo entries below stand for every demo checkpoint
-        label = info.name if info.loads else f"{info.name} (damaged)"
+        label = info.name if info.loads else f"{info.name} ({info.state})"
         entries.append(CatalogEntry(info.name, label, info.loads))
     for f in FAMILIES:
         label = ("Demo model" if f.demo_name == DEMO else f"{f.title} demo"

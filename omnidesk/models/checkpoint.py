@@ -224,10 +224,18 @@ class VerifyReport:
     notes: list[str] = field(default_factory=list)  # not problems: e.g. a skipped load test
     family: str | None = None  # the registry's name for it, once known
     demo: bool = False
+    # Intact but not something OmniDesk can run (e.g. a text-only -Thinking model): why, in a few
+    # words.  Not a problem with the download, so the picker and `models list` say this instead of
+    # "damaged".
+    unsupported: str | None = None
 
     @property
     def ok(self) -> bool:
         return not self.problems
+
+    @property
+    def usable(self) -> bool:
+        return not self.problems and self.unsupported is None
 
 
 def check_weight_files(root: Path, report: VerifyReport) -> tuple[dict[str, tuple[int, ...]], dict[Path, dict], bool]:

@@ -23,7 +23,7 @@ class CheckpointInfo:
     dtype: str | None
     voices: list[str]
     params: int
-    loads: bool
+    loads: bool  # intact and supported: the picker and the best-model choice may offer it
     problems: list[str]
     demo: bool = False
     family: str = ""  # the registry's name
@@ -31,6 +31,14 @@ class CheckpointInfo:
     duplex: bool = False
     quantization: str | None = None  # e.g. "GPTQ int4 (group 128)"; None: float weights
     memory: dict[str, int] = field(default_factory=dict)  # GPU bytes per way to run it ("bfloat16", "int8", "int4")
+    unsupported: str | None = None  # intact, but OmniDesk cannot run it: why (VerifyReport.unsupported)
+
+    @property
+    def state(self) -> str:
+        """A few words for lists: "ok", "damaged" or "not supported: <why>"."""
+        if self.problems:
+            return "damaged"
+        return f"not supported: {self.unsupported}" if self.unsupported else "ok"
 
 
 def describe(name: str, root: Path, family: Family) -> CheckpointInfo:
@@ -40,10 +48,10 @@ def describe(name: str, root: Path, family: Family) -> CheckpointInfo:
     size = sum(f.stat().st_size for f in files if f.is_file())  # stat follows the hub's symlinks
     params, first_dtype, _ = safetensors_summary(files)  # unreadable files: verify reported them
     return CheckpointInfo(name=name, path=root, size_bytes=size, dtype=family.declared_dtype(root) or first_dtype,
-                          voices=family.voices(root), params=params, loads=report.ok,
+                          voices=family.voices(root), params=params, loads=report.usable,
                           problems=list(report.problems), demo=family.is_demo(root), family=family.name,
                           title=family.title, duplex=family.duplex, quantization=family.quantization(root),
-                          memory=family.memory_modes(root))
+                          memory=family.memory_modes(root), unsupported=report.unsupported)
 
 
 def find_checkpoints(extra_dirs=(), include_demo: bool = False) -> list[CheckpointInfo]:

@@ -14,11 +14,33 @@ def gib(n: int) -> str:
 
 
 def available_ram() -> int:
-    """Bytes of physical memory available now (os.sysconf; 0 where unknown)."""
+    """Bytes of physical memory available now; 0 where unknown.
+
+    Linux's MemAvailable counts the page cache the kernel gives back on demand: right after a
+    multi-GB download most RAM is page cache and "free" pages (sysconf's AVPHYS) are few, which
+    would refuse a model that fits."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
     try:
         return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (ValueError, OSError, AttributeError):
         return 0
+
+
+def cpu_ram_problem(need: int, dtype: torch.dtype, smaller: str = "") -> str | None:
+    """Why loading ``need`` bytes on the CPU would not fit the RAM available now (None when it fits or
+    the RAM is unknown): said before any weight is read, instead of swapping the machine to a halt
+    or being killed halfway.  ``smaller`` names a lighter way to run it, when the family has one."""
+    free = available_ram()
+    if not free or need <= free:
+        return None
+    return (f"on the CPU in {str(dtype).removeprefix('torch.')} this model needs about {gib(need)} of RAM but only "
+            f"{gib(free)} is available; {smaller}run it on a GPU with enough memory (--device cuda)")
 
 
 def ram_too_small(need: int) -> str | None:
@@ -144,5 +166,5 @@ def max_context(shape: ModelShape, dtype, free_bytes: int, talker_codes: int = 4
     return n
 
 
-__all__ = ["ACTIVATION_BYTES", "MARGIN_FRACTION", "MemoryEstimate", "ModelShape", "available_ram", "estimate_for_shape",
+__all__ = ["ACTIVATION_BYTES", "cpu_ram_problem", "MARGIN_FRACTION", "MemoryEstimate", "ModelShape", "available_ram", "estimate_for_shape",
            "gib", "max_context", "QUANT_SCALE_BYTES", "quantized_weight_bytes", "ram_too_small", "torch_dtype"]

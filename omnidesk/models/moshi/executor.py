@@ -35,6 +35,7 @@ import torch
 from ...engine.duplex import DuplexExecutor, DuplexStep
 from ...engine.executor import stage
 from ..checkpoint import DEFAULT_DEVICE_DTYPE, CheckpointError, ConfigError, ModelTooLargeError
+from ..memory import cpu_ram_problem
 from .config import MoshiConfig, MoshiSampling
 from .lm import MoshiLM, MoshiLMGen, load_moshi_lm, weight_map
 from .mimi import MIMI, Mimi, MimiConfig, load_mimi
@@ -234,6 +235,10 @@ def load_moshi(path: str | Path, device: str | torch.device = "cpu", dtype: torc
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
         problem = check_fits(estimate_memory(cfg, dtype, context, mimi_cfg), free)
+        if problem:
+            raise ModelTooLargeError(f"{root}: {problem}")
+    elif device.type == "cpu":  # the 7B is ~30 GiB in fp32: say so before reading a weight
+        problem = cpu_ram_problem(estimate_memory(cfg, dtype, context, mimi_cfg).total, dtype)
         if problem:
             raise ModelTooLargeError(f"{root}: {problem}")
     tokenizer = MoshiTokenizer.from_file(root / cfg.tokenizer_name)

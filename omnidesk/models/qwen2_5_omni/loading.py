@@ -20,7 +20,6 @@ as it is read.  The float weights of quantized linears are never allocated.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from dataclasses import dataclass
@@ -31,8 +30,9 @@ from torch import nn
 
 from ..checkpoint import (DEFAULT_DEVICE_DTYPE, CheckpointError, ConfigError, MappingReport, ModelTooLargeError,
                           Target, copy_tensors, match_tensors, materialize, checkpoint_shapes, require_file,
-                          resolve_checkpoint, weight_files)
+                          read_json, resolve_checkpoint, weight_files)
 from ..features import FeatureConfig
+from ..memory import cpu_ram_problem, gib
 from ..quant import (QUANTIZE_CHOICES, FusedLinear, LinearPart, QuantConfig, describe_paths, load_linears,
                      path_summary, quant_targets, quantized_in_checkpoint, read_quant_config, replace_linears)
 from .config import DecoderConfig, OmniConfig
@@ -308,7 +308,6 @@ def load_voices(path: Path, config: OmniConfig | None) -> dict[str, Voice]:
 def checkpoint_quantization(root: Path, raw: dict) -> QuantConfig | None:
     """The checkpoint's 4-bit format: config.json's ``quantization_config`` (top level or the thinker's),
     else a quantize_config.json beside it (older GPTQ tools); None for float weights."""
-    from ..checkpoint import read_json
 
     extra = root / "quantize_config.json"
     return read_quant_config(raw, str(root / "config.json"), read_json(extra) if extra.is_file() else None, str(extra))
@@ -322,6 +321,16 @@ def check_quantize(quantize: str | None) -> str | None:
         raise ConfigError(f"--quantize '{quantize}': expected one of {', '.join(QUANTIZE_CHOICES)} (4-bit weights "
                           f"come from a GPTQ or AWQ checkpoint)")
     return quantize
+
+
+def _smaller_on_cpu(cfg: OmniConfig, dtype: torch.dtype, context_tokens: int, mode: str | None) -> str:
+    """The refusal's lighter option on the CPU: int8 weights, when they would fit the RAM free now."""
+    from .memory import estimate_memory
+
+    if mode is not None:
+        return ""
+    need = estimate_memory(cfg, dtype, context_tokens, quantization="int8").total
+    return "" if cpu_ram_problem(need, dtype) else f"load it with --quantize int8 (about {gib(need)}) or "
 
 
 def load_stack(model: str | os.PathLike, device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
@@ -348,14 +357,19 @@ def load_stack(model: str | os.PathLike, device: str | torch.device = "cpu", dty
         int8 = False
     if not enable_talker and cfg.talker is not None:
         cfg = OmniConfig(thinker=cfg.thinker, talker=None, token2wav=None, raw=cfg.raw)
-    if device.type == "cuda":
-        # refuse with a suggestion instead of dying of out-of-memory halfway through loading
-        from .memory import check_fits, estimate_memory
+    # refuse with a suggestion instead of dying of out-of-memory halfway through loading
+    from .memory import check_fits, estimate_memory
 
+    mode = "int4" if quant is not None else "int8" if int8 else None
+    group = quant.group_size if quant else 128
+    if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
-        mode = "int4" if quant is not None else "int8" if int8 else None
-        problem = check_fits(estimate_memory(cfg, dtype, context_tokens, quantization=mode,
-                                             group_size=quant.group_size if quant else 128), free)
+        problem = check_fits(estimate_memory(cfg, dtype, context_tokens, quantization=mode, group_size=group), free)
+        if problem:
+            raise ModelTooLargeError(f"{root}: {problem}")
+    elif device.type == "cpu":  # the 7B is ~36 GiB in fp32: more than most desktops have
+        problem = cpu_ram_problem(estimate_memory(cfg, dtype, context_tokens, quantization=mode, group_size=group).total,
+                                  dtype, _smaller_on_cpu(cfg, dtype, context_tokens, mode))
         if problem:
             raise ModelTooLargeError(f"{root}: {problem}")
     for name in ("tokenizer.json", "tokenizer_config.json", "preprocessor_config.json"):
@@ -364,7 +378,7 @@ def load_stack(model: str | os.PathLike, device: str | torch.device = "cpu", dty
     tokenizer = Tokenizer.from_dir(root)
     features = FeatureConfig.from_preprocessor_config(root / "preprocessor_config.json")
     gen_path = root / "generation_config.json"
-    generation_config = json.loads(gen_path.read_text()) if gen_path.is_file() else {}
+    generation_config = read_json(gen_path) if gen_path.is_file() else {}  # ConfigError naming the file
 
     files = weight_files(root)
     shapes = checkpoint_shapes(files)

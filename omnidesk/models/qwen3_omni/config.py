@@ -63,6 +63,13 @@ class TalkerConfig:
     codec_think_eos_id: int
     speakers: dict[str, int]  # lower-case name -> codec id
 
+    @property
+    def voices(self) -> dict[str, int]:
+        """Speaker name as people write it ("Ethan") -> codec id.  config.json keys are lower case; the
+        reference's generate() takes "Ethan" and lower-cases it, and Qwen2.5-Omni's voices are
+        capitalised, so a voice remembered from one family names the same speaker in the other."""
+        return {name.capitalize(): codec for name, codec in self.speakers.items()}
+
     @classmethod
     def from_dict(cls, d: dict, where: str = "talker_config") -> "TalkerConfig":
         text = DecoderConfig.from_dict(config_field(d, "text_config", where), f"{where}.text_config")

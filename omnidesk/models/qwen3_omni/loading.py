@@ -15,7 +15,6 @@ encoder is recognised and not loaded (OmniDesk takes audio only).
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,9 +24,9 @@ from torch import nn
 
 from ..checkpoint import (DEFAULT_DEVICE_DTYPE, CheckpointError, MappingReport, ModelTooLargeError, Target,
                           copy_tensors, match_tensors, materialize, checkpoint_shapes, require_file,
-                          resolve_checkpoint, weight_files)
+                          read_json, resolve_checkpoint, weight_files)
 from ..features import FeatureConfig
-from ..memory import available_ram, gib
+from ..memory import cpu_ram_problem
 from ..qwen2_5_omni.tokenizer import Tokenizer
 from .code2wav import Code2Wav
 from .config import Qwen3OmniConfig
@@ -105,13 +104,13 @@ class Qwen3OmniStack:
 
     @property
     def voices(self) -> dict[str, int]:
-        """Speaker name -> codec id, from config.json."""
-        return dict(self.config.talker.speakers) if self.config.talker is not None else {}
+        """Speaker name ("Ethan") -> codec id, from config.json."""
+        return self.config.talker.voices if self.config.talker is not None else {}
 
     @property
     def default_voice(self) -> str | None:
         # the reference's generate() speaks as Ethan unless told otherwise
-        return "ethan" if "ethan" in self.voices else next(iter(self.voices), None)
+        return "Ethan" if "Ethan" in self.voices else next(iter(self.voices), None)
 
 
 def load_stack(model: str | os.PathLike, device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
@@ -136,13 +135,10 @@ def load_stack(model: str | os.PathLike, device: str | torch.device = "cpu", dty
         problem = check_fits(estimate_memory(cfg, dtype, context_tokens), free)
         if problem:
             raise ModelTooLargeError(f"{root}: {problem}")
-    elif device.type == "cpu":
-        # the real model is ~130 GiB in fp32: say so instead of swapping the machine to a halt
-        need, free = estimate_memory(cfg, dtype, context_tokens).total, available_ram()
-        if free and need > free:
-            raise ModelTooLargeError(f"{root}: on the CPU in {str(dtype).removeprefix('torch.')} this model needs "
-                                     f"about {gib(need)} of RAM but only {gib(free)} is available; run it on a "
-                                     f"GPU with enough memory (--device cuda)")
+    elif device.type == "cpu":  # the real model is ~130 GiB in fp32
+        problem = cpu_ram_problem(estimate_memory(cfg, dtype, context_tokens).total, dtype)
+        if problem:
+            raise ModelTooLargeError(f"{root}: {problem}")
     for name in ("tokenizer.json", "tokenizer_config.json", "preprocessor_config.json"):
         require_file(root, name)
     tokenizer = Tokenizer.from_dir(root)
@@ -151,10 +147,7 @@ def load_stack(model: str | os.PathLike, device: str | torch.device = "cpu", dty
     features = dataclasses.replace(FeatureConfig.from_preprocessor_config(root / "preprocessor_config.json"),
                                    pad_to_longest=True)
     gen_path = root / "generation_config.json"
-    try:
-        generation_config = json.loads(gen_path.read_text()) if gen_path.is_file() else {}
-    except json.JSONDecodeError as e:
-        raise CheckpointError(f"{gen_path}: not valid JSON ({e})") from None
+    generation_config = read_json(gen_path) if gen_path.is_file() else {}  # ConfigError naming the file
 
     files = weight_files(root)
     shapes = checkpoint_shapes(files)

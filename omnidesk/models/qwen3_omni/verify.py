@@ -57,9 +57,9 @@ def verify(root: Path, report: VerifyReport, load_test: bool = True) -> None:
         try:
             cfg = Qwen3OmniConfig.from_file(root / "config.json")
             report.checked.append("config.json")
-            if cfg.talker is None:
-                report.problems.append(f"{root}: this checkpoint has no talker (enable_audio_output is false); "
-                                       f"OmniDesk needs one that speaks")
+            if cfg.talker is None:  # intact, but it cannot answer in speech
+                report.unsupported = ("text only, no speech output (enable_audio_output is false: a -Thinking or "
+                                      "-Captioner model); use Qwen/Qwen3-Omni-30B-A3B-Instruct")
         except (ConfigError, OSError) as e:
             report.problems.append(str(e))
     for name in SIDE_FILES:
@@ -68,7 +68,7 @@ def verify(root: Path, report: VerifyReport, load_test: bool = True) -> None:
         else:
             report.problems.append(f"{root}: missing file {name}")
     shapes, _, intact = check_weight_files(root, report)
-    if cfg is not None and cfg.talker is not None and intact:
+    if cfg is not None and intact:
         mapping = check_mapping(cfg, shapes)
         if mapping.ok:
             unused = sum(len(v) for v in mapping.unused.values())
@@ -76,7 +76,7 @@ def verify(root: Path, report: VerifyReport, load_test: bool = True) -> None:
                                   + (f"; {unused} vision tensors not used" if unused else "") + ")")
         else:
             report.problems.append(mapping.error(str(root)))
-    if load_test and not report.problems:
+    if load_test and report.usable:
         _load_test(root, cfg, report)
 
 
@@ -86,7 +86,7 @@ def voice_names(root: Path) -> list[str]:
         talker = Qwen3OmniConfig.from_dict(read_json(root / "config.json")).talker
     except (ConfigError, OSError):
         return []
-    return list(talker.speakers) if talker is not None else []
+    return list(talker.voices) if talker is not None else []
 
 
 __all__ = ["SIDE_FILES", "config_dtype", "verify", "voice_names"]
