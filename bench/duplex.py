@@ -32,26 +32,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-
-def signal(frames: int, rate: int, size: int) -> np.ndarray:
-    t = np.arange(frames * size) / rate
-    x = 0.3 * np.sin(2 * np.pi * (150 + 40 * np.sin(t)) * t) * (0.5 + 0.5 * np.sin(2 * np.pi * 0.7 * t))
-    return x.astype(np.float32).reshape(frames, size)
-
-
-def stats(ms: list[float]) -> dict:
-    a = np.asarray(ms)
-    return {"p50": round(float(np.percentile(a, 50)), 3), "p90": round(float(np.percentile(a, 90)), 3),
-            "p99": round(float(np.percentile(a, 99)), 3), "max": round(float(a.max()), 3),
-            "mean": round(float(a.mean()), 3)}
-
-
-def _sync(device) -> None:
-    """Wait for the device (CUDA); a no-op on the CPU.  Only ever called between frames."""
-    import torch
-
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+from omnidesk.engine.duplex_bench import percentiles as stats, speech_like, sync as _sync, time_steps  # noqa: E402
 
 
 class StageClock:
@@ -123,23 +104,6 @@ def time_stages(ex, inputs: np.ndarray, warmup: int) -> dict[str, list[float]]:
     return out_ms
 
 
-def time_steps(ex, inputs: np.ndarray, warmup: int) -> list[float]:
-    """``executor.step`` as a whole (the duplex engine's call, as it makes it): wall ms per frame after
-    ``warmup``.  The device is synchronised between frames only (the step itself ends with its audio on
-    the host, so that sync waits only while the delays fill and no audio comes out)."""
-    device = ex.device
-    ex.reset_conversation()
-    ms = []
-    for i, frame in enumerate(inputs):
-        _sync(device)
-        t0 = time.perf_counter()
-        ex.step(frame)
-        _sync(device)
-        if i >= warmup:
-            ms.append((time.perf_counter() - t0) * 1e3)
-    return ms
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", help="Moshi checkpoint directory (default: the Moshi demo, made in a temp dir)")
@@ -161,11 +125,11 @@ def main(argv=None) -> int:
         ex = load_moshi(root, greedy=args.greedy, seed=0)
     if args.threads:
         torch.set_num_threads(args.threads)
-    inputs = signal(args.warmup + args.frames, ex.sample_rate_in, ex.frame_samples_in)
+    inputs = speech_like(args.warmup + args.frames, ex.sample_rate_in, ex.frame_samples_in)
     staged = time_stages(ex, inputs, args.warmup)
     enc, lm, dec, step = staged["encode"], staged["lm"], staged["decode"], staged["step"]
-    # the executor's own step (the engine's call) as a cross-check of the staged loop
-    whole = time_steps(ex, inputs[: args.warmup + min(args.frames, 200)], args.warmup)
+    # the executor's own step (the engine's call, as `omnidesk bench` times it) as a cross-check of the staged loop
+    whole, _ = time_steps(ex, inputs[: args.warmup + min(args.frames, 200)], args.warmup, ex.device)
     load_after = os.getloadavg()
     cores = os.cpu_count() or 1
     frame_ms = 1e3 * ex.frame_samples_in / ex.sample_rate_in

@@ -38,7 +38,9 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
-from duplex import signal, stats, time_stages, time_steps  # noqa: E402
+from duplex import time_stages  # noqa: E402
+
+from omnidesk.engine.duplex_bench import percentiles as stats, speech_like, time_steps  # noqa: E402
 
 from omnidesk.models.checkpoint import DEFAULT_DEVICE_DTYPE, materialize  # noqa: E402
 from omnidesk.models.memory import available_ram  # noqa: E402
@@ -121,8 +123,8 @@ def run(size: str = "7b", device: str | None = None, dtype: str | None = None, f
         torch.set_num_threads(threads)
     after_build = torch.cuda.memory_allocated(dev) if dev.type == "cuda" else None
 
-    inputs = signal(warmup + frames, ex.sample_rate_in, ex.frame_samples_in)
-    step = time_steps(ex, inputs, warmup)
+    inputs = speech_like(warmup + frames, ex.sample_rate_in, ex.frame_samples_in)
+    step, _ = time_steps(ex, inputs, warmup, ex.device)
     staged = time_stages(ex, inputs, warmup) if stages else None
     last = ex.step(inputs[-1])  # one more frame, untimed: is what comes out sane (random weights: noise)?
     output = {"audio_finite": bool(np.isfinite(last.audio).all()),
@@ -131,7 +133,7 @@ def run(size: str = "7b", device: str | None = None, dtype: str | None = None, f
               "text_logits_finite": bool(torch.isfinite(ex.gen.text_logits).all())}
     if inference_mode_pass:  # not the product's call: what running the engine's step in inference_mode would give
         with torch.inference_mode():
-            step_im = time_steps(ex, inputs, warmup)
+            step_im, _ = time_steps(ex, inputs, warmup, ex.device)
     load_after = os.getloadavg()
 
     frame_ms = 1e3 * ex.frame_samples_in / ex.sample_rate_in

@@ -44,8 +44,7 @@ ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(HERE))
 
-from duplex import stats  # noqa: E402
-
+from omnidesk.engine.duplex_bench import percentiles as stats  # noqa: E402
 from omnidesk.models.checkpoint import DEFAULT_DEVICE_DTYPE, materialize  # noqa: E402
 from omnidesk.models.features import FeatureConfig  # noqa: E402
 from omnidesk.models.memory import available_ram  # noqa: E402

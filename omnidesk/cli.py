@@ -576,11 +576,18 @@ def cmd_bench(args) -> int:
 
     # stdout is the JSON: what was chosen and the demo notice go to stderr
     prepared = _prepare(args, sys.stderr)
-    tools = _turn_tools(prepared, "bench", "bench/duplex.py measures its per-frame step")
-    stack = _load(args, prepared, sys.stderr).stack
-    args.doing = "the benchmark"
-    result = tools.run_bench(stack, turns=args.turns, interrupts=args.interrupts,
-                       with_transformers=not args.no_transformers)
+    if prepared.family.duplex:  # no turns: the frame clock (step time against the frame budget)
+        from omnidesk.engine.duplex_bench import run as run_duplex_bench
+
+        loaded = _load(args, prepared, sys.stderr)
+        args.doing = "the benchmark"
+        result = run_duplex_bench(loaded.executor, loaded.model_info, loaded.device)
+    else:
+        tools = _turn_tools(prepared, "bench")
+        stack = _load(args, prepared, sys.stderr).stack
+        args.doing = "the benchmark"
+        result = tools.run_bench(stack, turns=args.turns, interrupts=args.interrupts,
+                                 with_transformers=not args.no_transformers)
     text = json.dumps(result, indent=2)
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
@@ -792,12 +799,13 @@ def _build_parser() -> argparse.ArgumentParser:
     live.add_argument("--timeline", help="write the session's timeline (JSON) here at the end")
     live.set_defaults(func=cmd_live)
 
-    bench = sub.add_parser("bench", help="latency and throughput benchmark, JSON (vs transformers when installed)")
+    bench = sub.add_parser("bench", help="latency and throughput benchmark, JSON (vs transformers when installed); "
+                           "for a full-duplex model, the per-frame step against the frame budget")
     _model_options(bench)
     _quantize_option(bench)
-    bench.add_argument("--turns", type=int, default=3, help="real-time turns per configuration")
-    bench.add_argument("--interrupts", type=int, default=50)
-    bench.add_argument("--no-transformers", action="store_true", help="skip the transformers side")
+    bench.add_argument("--turns", type=int, default=3, help="real-time turns per configuration (turn-based models)")
+    bench.add_argument("--interrupts", type=int, default=50, help="interruptions timed (turn-based models)")
+    bench.add_argument("--no-transformers", action="store_true", help="skip the transformers side (turn-based models)")
     bench.add_argument("--out", help="also write the JSON here")
     bench.set_defaults(func=cmd_bench)
     return parser

@@ -311,6 +311,27 @@ def test_turn_based_commands_refuse_moshi(capsys, demo):
     assert "full duplex" in capsys.readouterr().err
 
 
+def test_bench_measures_the_frame_clock_of_a_duplex_model(capsys, demo, tmp_path):
+    """`omnidesk bench` on Moshi: no turns to time, so the executor's step per 80 ms frame, as JSON."""
+    out_json = tmp_path / "bench" / "moshi.json"
+    assert cli.main(["bench", "--model", "moshi-demo", "--out", str(out_json)]) == 0
+    out, err = capsys.readouterr()
+    assert DEMO_NOTICE in err  # stdout is the JSON alone
+    result = json.loads(out)
+    assert json.loads(out_json.read_text()) == result
+    assert result["kind"] == "duplex" and result["model"]["family"] == "moshi" and result["model"]["demo"] is True
+    assert result["frame_ms"] == 80.0 and result["frames"] == 250 and result["machine"]["device"] == "cpu"
+    step = result["step_ms"]
+    assert 0 < step["p50"] <= step["p90"] <= step["p99"] <= step["max"]
+    assert result["late_frames"] <= result["frames"] and (result["late_frames"] == 0) == (step["max"] <= 80.0)
+    assert result["realtime_factor_p50"] == round(80.0 / step["p50"], 2)
+    # the first text token comes out once the LM's delays have filled, as the executor steps show
+    ex = load_moshi(demo)
+    _, texts = run(ex, frames(8))
+    first = next(i for i, t in enumerate(texts) if t is not None)
+    assert result["first_output_frame"] == first and result["first_output_ms"] == (first + 1) * 80.0
+
+
 def test_models_verify_checks_a_moshi_checkpoint_and_names_what_is_wrong(capsys, demo, tmp_path):
     assert cli.main(["models", "verify", "moshi-demo"]) == 0
     out = capsys.readouterr().out
