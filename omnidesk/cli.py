@@ -619,8 +619,23 @@ def cmd_default(args) -> int:
 
     import torch
 
-    print(f"{problem}\nRunning one check turn in the terminal instead.", file=sys.stderr)
+    print(f"{problem}\nRunning a check of the model in the terminal instead.", file=sys.stderr)
     prepared = _prepare(args, sys.stdout)
+    if prepared.family.duplex:  # no turn to take: two seconds of frames through the step
+        from omnidesk.engine.duplex_bench import speech_like
+
+        loaded = _load(args, prepared, sys.stdout)
+        args.doing = "the check"
+        ex = loaded.executor
+        frames = speech_like(int(round(2.0 * ex.sample_rate_in / ex.frame_samples_in)), ex.sample_rate_in,
+                             ex.frame_samples_in)
+        steps = [ex.step(frame) for frame in frames]
+        ex.reset_conversation()
+        print(f"model ready: {loaded.root}")
+        print(f"2 s of a synthetic tone through the full-duplex step: {len(steps)} frames in, "
+              f"{sum(s.audio.size for s in steps) / ex.sample_rate_out:.2f} s of audio and "
+              f"{sum(s.text_token is not None for s in steps)} text tokens out")
+        return 0
     tools = _turn_tools(prepared, "(the check turn)")
     stack = _load(args, prepared, sys.stdout).stack
     args.doing = "the check turn"

@@ -332,6 +332,18 @@ def test_bench_measures_the_frame_clock_of_a_duplex_model(capsys, demo, tmp_path
     assert result["first_output_frame"] == first and result["first_output_ms"] == (first + 1) * 80.0
 
 
+def test_without_a_display_the_default_command_checks_a_duplex_model(capsys, demo, monkeypatch):
+    """`omnidesk` over SSH on Moshi: no turn to take, so 2 s of frames through the step, in the terminal."""
+    import omnidesk.gui.app as app
+
+    monkeypatch.setattr(app, "display_problem", lambda: "no display")
+    assert cli.main(["--model", "moshi-demo"]) == 0
+    out, err = capsys.readouterr()
+    assert "no display\nRunning a check of the model in the terminal instead." in err
+    assert f"NOTE: {DEMO_NOTICE}" in out and f"model ready: {demo}" in out
+    assert "2 s of a synthetic tone through the full-duplex step: 25 frames in, 2.00 s of audio and " in out
+
+
 def test_models_verify_checks_a_moshi_checkpoint_and_names_what_is_wrong(capsys, demo, tmp_path):
     assert cli.main(["models", "verify", "moshi-demo"]) == 0
     out = capsys.readouterr().out
