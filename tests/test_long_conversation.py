@@ -372,8 +372,8 @@ def _reply(ex: QwenOmniExecutor, seed: int = 0) -> tuple[list[int], list[int], t
         if not ex.thinker_done:
             text.append(ex.thinker_step())
         c = ex.talker_step()
-        if first is None and ex._reply["talker_logits"] is not None:
-            first = ex._reply["talker_logits"]
+        if first is None and ex._reply.talker_logits is not None:
+            first = ex._reply.talker_logits
         if c is not None:
             codes.append(c)
     return text, codes, first

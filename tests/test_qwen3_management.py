@@ -368,7 +368,7 @@ def test_a_voice_the_config_does_not_have(q3_src, q3_stack):
     assert str(q3_src / "config.json") in msg and "'nobody'" in msg
     assert "talker_config.speaker_id has: Aiden, Chelsie, Ethan" in msg
     ex.start_reply(voice="chELSie")  # names are the config's, any case
-    assert ex._reply["voice"] == "Chelsie"
+    assert ex._reply.voice == "Chelsie"
     # through the registry: refused at load, with what the model has
     with pytest.raises(CheckpointError, match=r"^unknown voice 'nobody'; this model has: Aiden, Chelsie, Ethan$"):
         QWEN3.load(q3_src, "cpu", LoadOptions(voice="nobody"))

@@ -381,7 +381,7 @@ def test_a_failure_mid_reply_forgets_the_turn_and_the_conversation_goes_on(q3):
     for _ in range(3):
         ex.thinker_step()
         ex.talker_step()
-    ex._reply["codes"][-1] = [stack.config.code2wav.codebook_size] * stack.config.talker.num_code_groups
+    ex._reply.codes[-1] = [stack.config.code2wav.codebook_size] * stack.config.talker.num_code_groups
     with pytest.raises(ValueError, match="code2wav codes must lie in"):
         ex.vocoder_step()
     assert ex.abandon_turn()

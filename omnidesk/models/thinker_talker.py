@@ -122,6 +122,28 @@ def generation_defaults(g: dict) -> SamplingParams:
                           top_p=float(g.get("top_p", 1.0)), repetition_penalty=float(g.get("repetition_penalty", 1.0)))
 
 
+@dataclass(eq=False)
+class ReplyState:
+    """One reply in flight, from ``start_reply`` until it finishes or is cut.
+
+    The thinker's side is shared; a family's talker keeps what it needs in a subclass
+    (:attr:`ThinkerTalkerExecutor.reply_state`)."""
+
+    text_sampler: Sampler
+    feed: ReplyFeed  # thinker reply rows -> talker, one per talker step
+    voice: str | None = None  # the voice it speaks with (set by the family's _start_speech)
+    text: list[int] = field(default_factory=list)  # reply ids emitted so far
+    next_token: int | None = None  # chosen, not yet emitted
+    thinker_done: bool = False
+    first_vector: torch.Tensor | None = None  # the first reply row: it ends the talker's prefill
+    codes: list = field(default_factory=list)  # one entry per talker step (a frame of codebooks where there are several)
+    talker_done: bool = False
+    talker_logits: torch.Tensor | None = None  # None until the talker's prefill
+    codec_sampler: Sampler | None = None
+    stream: object = None  # the family's streaming vocoder
+    vocoded: int = 0  # codes already handed to the vocoder
+
+
 class ThinkerTalkerExecutor(Executor):
     """The thinker-side conversation of a thinker-talker family (see the module docstring).
 
@@ -129,14 +151,17 @@ class ThinkerTalkerExecutor(Executor):
     ``stack`` (``tokenizer``, ``features``, ``dtype``, ``path``), ``thinker`` (``embed``,
     ``embed_tokens``, ``logits``, ``audio_encoder`` with ``block_frames`` / ``encode_block`` /
     ``output_length``), ``audio_token_id``, ``chat_tokens`` (the audio placeholder and
-    im_end strings of its chat template), ``stop_ids``, ``talker_cache``, ``talker_width``,
-    ``sample_rate_out``, ``samples_per_code`` (output samples per speech step).  It
-    implements :meth:`_forward_thinker` (thinker forward + the talker's rows) and the
-    reply's talker side: :meth:`_start_speech`, :meth:`talker_step`,
-    :meth:`vocoder_step`, :meth:`_feed_ends`.
+    im_end strings of its chat template), ``stop_ids``, ``talker_stop_ids`` (codes that end the
+    speech), ``talker_cache``, ``talker_width``, ``sample_rate_out``, ``samples_per_code``
+    (output samples per speech step).  It implements :meth:`_forward_thinker` (thinker forward
+    + the talker's rows) and the reply's talker side: :meth:`_start_speech`,
+    :meth:`_start_talker`, :meth:`_advance_talker`, :meth:`vocoder_step`, :meth:`_feed_ends`,
+    with what it keeps per reply in a :class:`ReplyState` subclass (:attr:`reply_state`).
     """
 
     drop_headroom = 0.25  # fraction of the cache a cache-full drop leaves free (see _ensure_room)
+    reply_state: type[ReplyState] = ReplyState
+    _reply: ReplyState | None
 
     def _setup(self, capacity: int, max_reply_tokens: int, system_prompt: str, thinker_sampling: SamplingParams,
                chars_per_second: float) -> None:
@@ -176,9 +201,19 @@ class ThinkerTalkerExecutor(Executor):
         """The talker rows fed after the reply's last token: text-eos once, then text-pad."""
 
     @abstractmethod
-    def _start_speech(self, r: dict, voice: str | None, seed: int) -> None:
+    def _start_speech(self, r: ReplyState, voice: str | None, seed: int) -> None:
         """Reply start, talker side: check the voice, set up the talker's sampler and the vocoder
-        stream in ``r`` (``r["voice"]`` names the voice used)."""
+        stream in ``r`` (``r.voice`` names the voice used)."""
+
+    @abstractmethod
+    def _start_talker(self) -> None:
+        """Prefill the talker (the context rows it has not read, the reply's opening) and set
+        ``talker_logits`` for the first code."""
+
+    @abstractmethod
+    def _advance_talker(self, r: ReplyState, code: int) -> None:
+        """Keep the step's ``code`` (expanded to a frame where the family has several codebooks) in
+        ``r.codes`` and feed it with the next reply row; set ``talker_logits`` for the next code."""
 
     def _unread_context(self) -> torch.Tensor:
         """The talker rows of prompt positions ``[talker_context, prompt_end)`` it reads, i.e. what
@@ -501,44 +536,42 @@ class ThinkerTalkerExecutor(Executor):
         text_gen = torch.Generator(device=self.device).manual_seed(seed)
         text_sampler = Sampler(self.thinker_sampling, self.thinker.lm_head.out_features, self.device, text_gen)
         text_sampler.observe(self.ids)
-        r = {"voice": None, "text_sampler": text_sampler, "feed": ReplyFeed(*self._feed_ends()),
-             "text": [], "codes": [], "next_token": None, "thinker_done": False, "talker_done": False,
-             "first_vector": None, "vocoded": 0}
+        r = self.reply_state(text_sampler=text_sampler, feed=ReplyFeed(*self._feed_ends()))
         self._start_speech(r, voice, seed)
         self._reply = r
-        r["next_token"] = text_sampler.choose(self.thinker.logits(self._last_hidden))
+        r.next_token = text_sampler.choose(self.thinker.logits(self._last_hidden))
 
     @property
     def thinker_done(self) -> bool:
-        return self._reply is None or self._reply["thinker_done"]
+        return self._reply is None or self._reply.thinker_done
 
     @property
     def talker_done(self) -> bool:
-        return self._reply is None or self._reply["talker_done"]
+        return self._reply is None or self._reply.talker_done
 
     @property
     def pending_codes(self) -> int:
-        return 0 if self._reply is None else len(self._reply["codes"]) - self._reply["vocoded"]
+        return 0 if self._reply is None else len(self._reply.codes) - self._reply.vocoded
 
     @property
     def reply_text_ids(self) -> list[int]:
-        return [] if self._reply is None else list(self._reply["text"])
+        return [] if self._reply is None else list(self._reply.text)
 
     @property
     def reply_codec_ids(self) -> list[int]:
-        return [] if self._reply is None else list(self._reply["codes"])
+        return [] if self._reply is None else list(self._reply.codes)
 
     def thinker_step(self) -> int | None:
         """Emit the chosen token; feed it to the thinker unless it ends the text; choose the next."""
         r = self._reply
-        if r is None or r["thinker_done"]:
+        if r is None or r.thinker_done:
             return None
-        token = r["next_token"]
-        r["text"].append(token)
-        if token in self.stop_ids or len(r["text"]) >= self.max_reply_tokens \
+        token = r.next_token
+        r.text.append(token)
+        if token in self.stop_ids or len(r.text) >= self.max_reply_tokens \
                 or self.thinker_cache.length + 1 > self.capacity:
-            r["thinker_done"] = True
-            r["feed"].finish()
+            r.thinker_done = True
+            r.feed.finish()
             return token
         start = self.thinker_cache.length
         t = torch.tensor([token], dtype=torch.long, device=self.device)
@@ -547,12 +580,33 @@ class ThinkerTalkerExecutor(Executor):
         self.context_used[start] = used[0]
         self.ids.append(token)
         self._last_hidden = hidden[-1]
-        if r["first_vector"] is None:  # the talker's prefill ends with it
-            r["first_vector"] = rows[0]
+        if r.first_vector is None:  # the talker's prefill ends with it
+            r.first_vector = rows[0]
         else:
-            r["feed"].push(rows[0])
-        r["next_token"] = r["text_sampler"].choose(self.thinker.logits(hidden[-1]))
+            r.feed.push(rows[0])
+        r.next_token = r.text_sampler.choose(self.thinker.logits(hidden[-1]))
         return token
+
+    def talker_step(self) -> int | None:
+        """One talker step: the next code (codebook 0 where there are several), None while the
+        thinker is behind or once the speech has ended."""
+        r = self._reply
+        if r is None or r.talker_done:
+            return None
+        if r.talker_logits is None:
+            if r.first_vector is None:
+                if r.thinker_done:  # the text ended before any reply token: nothing to say
+                    r.talker_done = True
+                return None
+            self._start_talker()
+        if not r.feed.ready:  # the thinker is behind: wait before choosing (keeps sampling order fixed)
+            return None
+        code = r.codec_sampler.choose(r.talker_logits)
+        if code in self.talker_stop_ids or len(r.codes) >= self.max_codec_tokens:
+            r.talker_done = True
+            return None
+        self._advance_talker(r, code)
+        return code
 
     def _close_reply(self) -> None:
         # speech rows of this reply are not context: the next reply re-adds the reply's text rows
@@ -591,7 +645,7 @@ class ThinkerTalkerExecutor(Executor):
         r = self._reply
         if r is None:
             return
-        if r["text"] and r["text"][-1] == self.im_end_id and self.thinker_cache.length < self.capacity:
+        if r.text and r.text[-1] == self.im_end_id and self.thinker_cache.length < self.capacity:
             # the closing <|im_end|> was chosen but never fed; with no room left the next turn's
             # header brings it instead
             self._prefill([self.im_end_id])
@@ -604,9 +658,9 @@ class ThinkerTalkerExecutor(Executor):
         if r is None or heard_samples <= 0 or fed <= 0:
             return 0
         tok = self.stack.tokenizer
-        pieces = [len(tok.decode([t])) for t in r["text"][:fed]]
-        return heard_text_pieces(pieces, heard_samples, len(r["codes"]) * self.samples_per_code,
-                                 r["talker_done"], self.chars_per_second, self.sample_rate_out)
+        pieces = [len(tok.decode([t])) for t in r.text[:fed]]
+        return heard_text_pieces(pieces, heard_samples, len(r.codes) * self.samples_per_code,
+                                 r.talker_done, self.chars_per_second, self.sample_rate_out)
 
     def interrupt(self, heard_samples: int) -> Rollback:
         """Keep the heard part of the reply in the thinker cache; drop the rest (pointer moves).

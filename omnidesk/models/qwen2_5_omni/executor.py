@@ -16,12 +16,14 @@ What is Qwen2.5-Omni's own:
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import torch
 
 from ...engine.executor import stage
 from ..sampling import Sampler, SamplingParams
-from ..thinker_talker import DEFAULT_CHARS_PER_SECOND, ThinkerTalkerExecutor, generation_defaults
+from ..thinker_talker import DEFAULT_CHARS_PER_SECOND, ReplyState, ThinkerTalkerExecutor, generation_defaults
 from .loading import OmniStack
 from .reply import SPEECH_SYSTEM_PROMPT, talker_defaults, thinker_stop_ids
 from .tokenizer import SPECIAL_TOKENS
@@ -33,7 +35,14 @@ def thinker_defaults(stack: OmniStack) -> SamplingParams:
     return generation_defaults(stack.generation_config)
 
 
+@dataclass(eq=False)
+class QwenReply(ReplyState):
+    bos_embed: torch.Tensor | None = None  # the voice's bos token embedding: opens the talker's speech
+
+
 class QwenOmniExecutor(ThinkerTalkerExecutor):
+    reply_state = QwenReply
+
     def __init__(self, stack: OmniStack, capacity: int = 4096, max_reply_tokens: int = 512,
                  max_codec_tokens: int = 4096, system_prompt: str = SPEECH_SYSTEM_PROMPT,
                  thinker_sampling: SamplingParams | None = None, talker_sampling: SamplingParams | None = None,
@@ -46,6 +55,7 @@ class QwenOmniExecutor(ThinkerTalkerExecutor):
         self.audio_token_id = self.cfg.thinker.audio_token_id
         self.chat_tokens = {"audio": SPECIAL_TOKENS["audio"], "im_end": SPECIAL_TOKENS["im_end"]}
         self.stop_ids = set(thinker_stop_ids(stack))
+        self.talker_stop_ids = set(self.cfg.talker.stop_ids)
         self.max_codec_tokens = max_codec_tokens
         self.talker_sampling = talker_sampling or talker_defaults(stack)
         self.plan = plan or StreamingPlan()
@@ -79,17 +89,17 @@ class QwenOmniExecutor(ThinkerTalkerExecutor):
             self._voice_cache[name] = self.vocoder.voice(v.cond, v.ref_mel)
         return name, self._voice_cache[name]
 
-    def _start_speech(self, r: dict, voice: str | None, seed: int) -> None:
+    def _start_speech(self, r: "QwenReply", voice: str | None, seed: int) -> None:
         with stage("voice"):
             name, vcond = self._voice(voice)
         tcfg = self.cfg.talker
         codec_gen = torch.Generator(device=self.device).manual_seed(seed + 1)
         codec_sampler = Sampler(self.talker_sampling, tcfg.decoder.vocab_size, self.device, codec_gen)
         codec_sampler.observe([tcfg.codec_mask_id, tcfg.codec_pad_id, tcfg.codec_bos_id])
-        r.update(voice=name, codec_sampler=codec_sampler, talker_logits=None,
-                 bos_embed=self.thinker.embed_tokens.weight[self.stack.voices[name].bos_token])
+        r.voice, r.codec_sampler = name, codec_sampler
+        r.bos_embed = self.thinker.embed_tokens.weight[self.stack.voices[name].bos_token]
         with stage("vocoder"):
-            r["stream"] = self.vocoder.stream(vcond, seed=seed, plan=self.plan)
+            r.stream = self.vocoder.stream(vcond, seed=seed, plan=self.plan)
 
     def _start_talker(self) -> None:
         """Prefill the talker: context rows added since the last reply, then voice bos + first reply row."""
@@ -97,40 +107,23 @@ class QwenOmniExecutor(ThinkerTalkerExecutor):
         tcfg = self.cfg.talker
         new_rows = self._unread_context()
         self.talker_cache.reserve(new_rows.shape[0] + 2)
-        speech = torch.stack([r["bos_embed"] + self.talker.codec_embed(tcfg.codec_pad_id),
-                              r["first_vector"] + self.talker.codec_embed(tcfg.codec_bos_id)])
+        speech = torch.stack([r.bos_embed + self.talker.codec_embed(tcfg.codec_pad_id),
+                              r.first_vector + self.talker.codec_embed(tcfg.codec_bos_id)])
         logits = self.talker(torch.cat([new_rows, speech]), self.talker_cache)
         self.talker_context = self.prompt_end
-        r["talker_logits"] = logits[-1]
+        r.talker_logits = logits[-1]
 
-    def talker_step(self) -> int | None:
-        r = self._reply
-        if r is None or r["talker_done"]:
-            return None
-        if r["talker_logits"] is None:
-            if r["first_vector"] is None:
-                if r["thinker_done"]:  # the text ended before any reply token: nothing to say
-                    r["talker_done"] = True
-                return None
-            self._start_talker()
-        if not r["feed"].ready:  # the thinker is behind: wait before choosing (keeps sampling order fixed)
-            return None
-        code = r["codec_sampler"].choose(r["talker_logits"])
-        if code in self.cfg.talker.stop_ids or len(r["codes"]) >= self.max_codec_tokens:
-            r["talker_done"] = True
-            return None
-        vector = r["feed"].next()
-        r["codes"].append(code)
-        r["talker_logits"] = self.talker(self.talker.step_input(code, vector), self.talker_cache)[-1]
-        return code
+    def _advance_talker(self, r: "QwenReply", code: int) -> None:
+        r.codes.append(code)
+        r.talker_logits = self.talker(self.talker.step_input(code, r.feed.next()), self.talker_cache)[-1]
 
     def vocoder_step(self, final: bool = False) -> list[np.ndarray]:
         r = self._reply
         if r is None:
             return []
-        stream = r["stream"]
-        new = r["codes"][r["vocoded"]:]
-        r["vocoded"] = len(r["codes"])
+        stream = r.stream
+        new = r.codes[r.vocoded:]
+        r.vocoded = len(r.codes)
         chunks = stream.push(new) if new else []
         if final:
             chunks += stream.flush()

@@ -27,12 +27,14 @@ marks the user positions and the shared code counts them.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import torch
 
 from ...engine.executor import stage
 from ..sampling import Sampler, SamplingParams
-from ..thinker_talker import DEFAULT_CHARS_PER_SECOND, ThinkerTalkerExecutor, generation_defaults
+from ..thinker_talker import DEFAULT_CHARS_PER_SECOND, ReplyState, ThinkerTalkerExecutor, generation_defaults
 from .loading import Qwen3OmniStack
 
 # The output rate of code2wav (12.5 frames/s x 1920 samples), from the model card: config.json has no field for it.
@@ -81,7 +83,16 @@ def predictor_defaults(greedy: bool = False) -> SamplingParams:
     return SamplingParams(greedy=True) if greedy else SamplingParams(top_k=50, top_p=0.8)
 
 
+@dataclass(eq=False)
+class Qwen3Reply(ReplyState):
+    speaker_id: int | None = None  # the voice's codec id in the talker's prefill
+    talker_hidden: torch.Tensor | None = None  # the talker's last hidden state: the code predictor's input
+    predictor_sampler: Sampler | None = None
+
+
 class Qwen3OmniExecutor(ThinkerTalkerExecutor):
+    reply_state = Qwen3Reply
+
     def __init__(self, stack: Qwen3OmniStack, capacity: int = 4096, max_reply_tokens: int = 512,
                  max_codec_tokens: int = 1500, system_prompt: str = SYSTEM_PROMPT,
                  thinker_sampling: SamplingParams | None = None, talker_sampling: SamplingParams | None = None,
@@ -97,6 +108,7 @@ class Qwen3OmniExecutor(ThinkerTalkerExecutor):
         self.chat_tokens = {"audio": tok.id_to_token(cfg.thinker.audio_token_id), "im_end": tok.id_to_token(cfg.im_end_id)}
         eos = stack.generation_config.get("eos_token_id", cfg.im_end_id)
         self.stop_ids = {cfg.im_end_id, *(eos if isinstance(eos, list) else [eos])}
+        self.talker_stop_ids = {cfg.talker.codec_eos_id}
         self.max_codec_tokens = max_codec_tokens  # talker steps = 80 ms frames
         self.talker_sampling = talker_sampling or talker_defaults(stack)
         self.predictor_sampling = predictor_sampling or predictor_defaults(self.talker_sampling.greedy)
@@ -137,7 +149,7 @@ class Qwen3OmniExecutor(ThinkerTalkerExecutor):
         return eos, pad
 
     # ------------------------------------------------------------------ reply, talker side
-    def _start_speech(self, r: dict, voice: str | None, seed: int) -> None:
+    def _start_speech(self, r: "Qwen3Reply", voice: str | None, seed: int) -> None:
         with stage("voice"):
             wanted = (voice or self.stack.default_voice or "").lower()  # any case, as the reference's generate()
             name = next((n for n in self.stack.voices if n.lower() == wanted), None)
@@ -148,11 +160,11 @@ class Qwen3OmniExecutor(ThinkerTalkerExecutor):
         codec_gen = torch.Generator(device=self.device).manual_seed(seed + 1)
         predictor_gen = torch.Generator(device=self.device).manual_seed(seed + 2)
         predictor_vocab = self.talker.code_predictor.vocab_size
-        r.update(voice=name, speaker_id=self.stack.voices[name], talker_logits=None, talker_hidden=None,
-                 codec_sampler=Sampler(self.talker_sampling, vocab, self.device, codec_gen),
-                 predictor_sampler=Sampler(self.predictor_sampling, predictor_vocab, self.device, predictor_gen))
+        r.voice, r.speaker_id = name, self.stack.voices[name]
+        r.codec_sampler = Sampler(self.talker_sampling, vocab, self.device, codec_gen)
+        r.predictor_sampler = Sampler(self.predictor_sampling, predictor_vocab, self.device, predictor_gen)
         with stage("vocoder"):
-            r["stream"] = self.code2wav.stream()
+            r.stream = self.code2wav.stream()
 
     def _start_talker(self) -> None:
         """Prefill the talker: user rows added since the last reply, then the reply's header."""
@@ -160,61 +172,45 @@ class Qwen3OmniExecutor(ThinkerTalkerExecutor):
         new_rows = self._unread_context()
         header = self.context_rows[self.prompt_end - 3:self.prompt_end]  # <|im_start|>assistant\n
         pad, bos = self._text_rows([cfg.tts_pad_id, cfg.tts_bos_id])
-        text = torch.cat([header, pad.expand(4, -1), bos[None], r["first_vector"][None]])
-        codec_ids = [tcfg.codec_nothink_id, tcfg.codec_think_bos_id, tcfg.codec_think_eos_id, r["speaker_id"],
+        text = torch.cat([header, pad.expand(4, -1), bos[None], r.first_vector[None]])
+        codec_ids = [tcfg.codec_nothink_id, tcfg.codec_think_bos_id, tcfg.codec_think_eos_id, r.speaker_id,
                      tcfg.codec_pad_id, tcfg.codec_bos_id]
         codec = self.talker.codec_embedding(torch.tensor(codec_ids, device=self.device))
         codec = torch.cat([torch.zeros(3, codec.shape[1], dtype=codec.dtype, device=codec.device), codec])
         self.talker_cache.reserve(new_rows.shape[0] + text.shape[0])
         hidden, logits = self.talker(torch.cat([new_rows, text + codec]), self.talker_cache)
         self.talker_context = self.prompt_end
-        r["talker_hidden"], r["talker_logits"] = hidden[-1], logits[-1]
+        r.talker_hidden, r.talker_logits = hidden[-1], logits[-1]
 
-    def talker_step(self) -> int | None:
-        """One 80 ms frame: codebook 0 from the talker, the rest from the code predictor."""
-        r = self._reply
-        if r is None or r["talker_done"]:
-            return None
-        if r["talker_logits"] is None:
-            if r["first_vector"] is None:
-                if r["thinker_done"]:  # the text ended before any reply token: nothing to say
-                    r["talker_done"] = True
-                return None
-            self._start_talker()
-        if not r["feed"].ready:  # the thinker is behind: wait before choosing (keeps sampling order fixed)
-            return None
-        code0 = r["codec_sampler"].choose(r["talker_logits"])
-        if code0 == self.cfg.talker.codec_eos_id or len(r["codes"]) >= self.max_codec_tokens:
-            r["talker_done"] = True
-            return None
-        codes = self.talker.code_predictor.expand(r["talker_hidden"], code0, self.talker,
-                                                  lambda logits, step: r["predictor_sampler"].choose(logits),
+    def _advance_talker(self, r: "Qwen3Reply", code0: int) -> None:
+        """One 80 ms frame: codebook 0 chosen from the talker, the rest from the code predictor."""
+        codes = self.talker.code_predictor.expand(r.talker_hidden, code0, self.talker,
+                                                  lambda logits, step: r.predictor_sampler.choose(logits),
                                                   cache=self.predictor_cache)
-        r["predictor_sampler"].reset()  # each frame's expansion is its own sequence in the reference
-        r["codes"].append(codes)
-        step_input = self.talker.frame_embedding(codes) + r["feed"].next()
+        r.predictor_sampler.reset()  # each frame's expansion is its own sequence in the reference
+        r.codes.append(codes)
+        step_input = self.talker.frame_embedding(codes) + r.feed.next()
         hidden, logits = self.talker(step_input[None], self.talker_cache)
-        r["talker_hidden"], r["talker_logits"] = hidden[-1], logits[-1]
-        return code0
+        r.talker_hidden, r.talker_logits = hidden[-1], logits[-1]
 
     def vocoder_step(self, final: bool = False) -> list[np.ndarray]:
         """Every new frame becomes audio now (code2wav is causal: nothing waits for later frames)."""
         r = self._reply
-        if r is None or r["vocoded"] == len(r["codes"]):
+        if r is None or r.vocoded == len(r.codes):
             return []
-        new = torch.tensor(r["codes"][r["vocoded"]:], dtype=torch.long, device=self.device).T  # [Q, n]
-        r["vocoded"] = len(r["codes"])
-        wave = r["stream"].push(new)
+        new = torch.tensor(r.codes[r.vocoded:], dtype=torch.long, device=self.device).T  # [Q, n]
+        r.vocoded = len(r.codes)
+        wave = r.stream.push(new)
         return [wave.float().cpu().numpy()]
 
     @property
     def reply_codec_frames(self) -> list[list[int]]:
         """All codebooks of every frame of the current reply ([frames][num_code_groups])."""
-        return [] if self._reply is None else [list(c) for c in self._reply["codes"]]
+        return [] if self._reply is None else [list(c) for c in self._reply.codes]
 
     @property
     def reply_codec_ids(self) -> list[int]:
-        return [] if self._reply is None else [c[0] for c in self._reply["codes"]]
+        return [] if self._reply is None else [c[0] for c in self._reply.codes]
 
 
 def executor_for(stack: Qwen3OmniStack, greedy: bool = False, max_text_tokens: int | None = None,
