@@ -3,25 +3,30 @@ a turn through the vLLM-Omni protocol double (tests/vllm_omni_double.py) with th
 share, and a server that sends its audio only at the end.
 
 As in test_gui.py: a sound-file microphone session on the real engine, settings in a temporary INI
-file, temporary cache/state dirs; waits are on state (qtbot.waitUntil).
+file, temporary cache/state dirs; waits are on state (qtbot.waitUntil).  One test runs the window on
+the live microphone (tests/audio_harness.py, as test_gui_live.py): switching model while the server
+still streams a reply closes its stream; it is skipped where the PulseAudio harness cannot run.
 """
 
 import os
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
+import threading
 from pathlib import Path
 
 import pytest
+import soundfile as sf
 
 pytest.importorskip("pytestqt")
 
 from PySide6.QtCore import QTimer  # noqa: E402
 from PySide6.QtWidgets import QApplication, QInputDialog  # noqa: E402
 
-from omnidesk.gui.main_window import CHOOSE_SERVER  # noqa: E402
+from audio_harness import pulse_server  # noqa: E402,F401  (fixture)
+from omnidesk.gui.main_window import CHOOSE_SERVER, MainWindow  # noqa: E402
 from test_gui import private_dirs, settings  # noqa: E402,F401  (fixtures: private dirs, a throwaway settings file)
-from vllm_omni_double import DEFAULT_TEXT, QWEN25, Reply, VllmOmniDouble  # noqa: E402
+from vllm_omni_double import DEFAULT_TEXT, QWEN25, Reply, VllmOmniDouble, slow_reply  # noqa: E402
 from test_gui_duplex import close_window, open_window  # noqa: E402  (Sound-files input, no devices)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -109,3 +114,36 @@ def test_an_unreachable_server_is_said_in_words(qtbot, settings, tmp_path):
     assert f"Cannot reach the server at {url}" in w.error_banner.text
     assert not w.remote_badge.isVisible()
     close_window(w)
+
+
+def test_switching_model_in_the_middle_of_a_reply_closes_its_stream(qtbot, settings, tmp_path,
+                                                                    pulse_server):  # noqa: F811
+    # the window on the live microphone (a LiveSession): choosing another model closes the session
+    # in the background while the server still streams; the server must see the disconnect then,
+    # not when the reply would have ended
+    readers = lambda: {t for t in threading.enumerate() if t.name == "omnidesk-remote-stream"}  # noqa: E731
+    before = readers()
+    with VllmOmniDouble() as double:
+        double.default = slow_reply()  # half a minute of reply: still streaming at the switch
+        w = MainWindow(settings, model=double.url, find_models=lambda: [], log_path=tmp_path / "state" / "omnidesk.log",
+                       live_available=True)
+        qtbot.addWidget(w)
+        w.show()
+        w.start()
+        qtbot.waitUntil(lambda: w.session is not None and w.display_state() == "listening", timeout=60000)
+        assert w.loaded.remote == double.url and type(w.session).__name__ == "LiveSession"
+        qtbot.waitUntil(lambda: w.session.frames >= 25, timeout=15000)  # the pulse plugin takes a moment
+        question, rate = sf.read(str(QUESTION), dtype="float32")
+        player = threading.Thread(target=pulse_server.play_into_mic, args=(question, rate), daemon=True)
+        player.start()  # blocks for the length of the question: not on the UI thread
+        qtbot.waitUntil(lambda: w.display_state() == "speaking", timeout=30000)
+        req = double.requests[-1]  # the reply playing (a preemptive start may have been dropped before it)
+        assert not req.gone.is_set()
+        w._on_model_picked(w.model_picker.findData("demo"))
+        qtbot.waitUntil(req.gone.is_set, timeout=5000)  # a generous bound: the double streams on for 30 s
+        qtbot.waitUntil(lambda: w.loaded is not None and w.loaded.remote is None and w.session is not None,
+                        timeout=60000)
+        player.join(timeout=10)
+        close_window(w)
+    assert not req.completed
+    assert not [t for t in readers() - before if t.is_alive()]  # the closed session waited for its reader

@@ -4,9 +4,10 @@ real SSE parsing, the real engine, paced in real time.
 Covered: a full turn (transcript, audio, timeline with its network record, the request the server
 gets, the history of the next one); barge-in (the server sees the disconnect within 100 ms of the
 cut-in; the next request holds only the heard text, by the local executors' alignment); a voice
-barge-in and a discarded preemptive start; every error case (own message naming the server, the
-turn dropped, the history unchanged, the same turn again works); a slow server (the network share);
-a server that sends the audio only at the end (the notice).
+barge-in and a discarded preemptive start; a reply still streaming when it is cut or the session
+closes (the server sees the disconnect, no reader thread is left, nothing is logged); every error
+case (own message naming the server, the turn dropped, the history unchanged, the same turn again
+works); a slow server (the network share); a server that sends the audio only at the end (the notice).
 """
 
 from __future__ import annotations
@@ -14,8 +15,10 @@ from __future__ import annotations
 import asyncio
 import base64
 import io
+import logging
 import shutil
 import subprocess
+import threading
 import time
 
 import numpy as np
@@ -32,7 +35,7 @@ from omnidesk.remote.client import ServerError
 from omnidesk.remote.executor import AUDIO_AT_END_NOTICE, CHARS_PER_SECOND
 from omnidesk.remote.frontend import connect
 from omnidesk.remote.summary import network_summary
-from vllm_omni_double import DEFAULT_TEXT, QWEN25, Reply, VllmOmniDouble
+from vllm_omni_double import DEFAULT_TEXT, QWEN25, Reply, VllmOmniDouble, slow_reply
 
 FULL_TEXT = "".join(DEFAULT_TEXT)
 
@@ -130,10 +133,11 @@ def test_audio_at_another_rate_is_resampled_to_the_device_rate(double, speech_li
 # ---------------------------------------------------------------- barge-in
 
 
-async def _cut_after(executor, utterance, after_s):
+async def _cut_after(executor, utterance, after_s, close=False):
     """Drive the engine in real time like `talk` (scripted turn boundaries), and cut the reply
-    ``after_s`` into its playback the way a confirmed barge-in does (Engine.interrupt).  Returns
-    the engine, the timeline and the time.monotonic() of the cut-in."""
+    ``after_s`` into its playback the way a confirmed barge-in does (Engine.interrupt), or with
+    ``close`` the way LiveSession.close ends a session.  Returns the engine, the timeline and the
+    time.monotonic() of the cut-in."""
     rate = executor.sample_rate_in
     frame = int(FRAME_S * rate)
     timeline = Timeline(model={}, device="remote")
@@ -164,6 +168,11 @@ async def _cut_after(executor, utterance, after_s):
             played = timeline.turns[0].events["playback_start"]
             if played is not None and engine.now >= played + after_s:
                 t_cut = time.monotonic()
+                if close:  # LiveSession.close: the reply task cancelled, the worker stopped, then the executor told
+                    await engine.aclose()
+                    engine.close()
+                    executor.end_session()
+                    return engine, timeline, t_cut
                 await engine.interrupt(onset=engine.now, confirmed=engine.now)
                 break
             await tick(silence)
@@ -211,6 +220,64 @@ def test_barge_in_closes_the_stream_at_once_and_keeps_only_the_heard_text(double
     messages = double.requests[1].body["messages"]
     assert [m["role"] for m in messages] == ["system", "user", "assistant", "user"]
     assert messages[2]["content"] == heard and FULL_TEXT.startswith(heard) and heard != FULL_TEXT
+
+
+def _reader_threads() -> set:
+    return {t for t in threading.enumerate() if t.name == "omnidesk-remote-stream"}
+
+
+def _stop_mid_reply(double, executor, speech_like, caplog, monkeypatch, close: bool):
+    """A reply that streams for half a minute, stopped 0.5 s into its playback (a cut-in, or the
+    session closing): the server sees the disconnect, no reader thread of the client is left, and
+    nothing is logged or raised on a thread.  Returns the timeline and the reader threads still
+    alive when the stop returned."""
+    raised = []
+    monkeypatch.setattr(threading, "excepthook", raised.append)
+    caplog.set_level(logging.WARNING)
+    before = _reader_threads()
+    double.default = slow_reply()
+    engine, timeline, t_cut = asyncio.run(_cut_after(executor, wave(speech_like, 0.8, 15), 0.5, close=close))
+    at_once = [t for t in _reader_threads() - before if t.is_alive()]
+    assert t_cut is not None and engine.failure is None
+    req = double.requests[0]
+    # a generous bound: without the abort the double streams on for 30 s
+    assert req.wait_disconnected(5.0), "the server never saw the client hang up"
+    assert not req.completed
+    print(f"server saw the disconnect {(req.disconnected - t_cut) * 1000:.1f} ms after the stop")
+    for thread in _reader_threads() - before:
+        thread.join(5.0)  # the aborted socket wakes the reader at once
+    assert not [t for t in _reader_threads() - before if t.is_alive()], "a reader thread is still running"
+    assert not raised and not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
+    return timeline, at_once
+
+
+def test_a_cut_in_leaves_no_reader_behind(double, speech_like, caplog, monkeypatch):
+    ex = connect(double.url).executor
+    timeline, _ = _stop_mid_reply(double, ex, speech_like, caplog, monkeypatch, close=False)
+    assert timeline.turns[0].interrupted
+
+
+def test_closing_the_session_mid_reply_closes_its_stream_and_the_next_session_goes_on(double, speech_like,
+                                                                                      caplog, monkeypatch):
+    # the engine's aclose cancels the reply without a call to the executor: only end_session (which
+    # LiveSession.close calls) stops the stream, and it waits for the reader: none is left at all
+    ex = connect(double.url).executor
+    _, at_once = _stop_mid_reply(double, ex, speech_like, caplog, monkeypatch, close=True)
+    assert at_once == []
+    assert ex.history == []  # the unfinished turn is forgotten
+    # a session restarted on the same executor (LiveSession.restart) goes on from there
+    double.default = Reply(audio_s=0.8)
+    timeline, engine, _ = talk(ex, [wave(speech_like, 0.7, 16)])
+    assert engine.failure is None and timeline.turns[0].text == FULL_TEXT
+    assert [m["role"] for m in double.requests[-1].body["messages"]] == ["system", "user"]
+
+
+def test_closing_the_session_mid_reply_over_tls_is_as_quiet(certs, speech_like, caplog, monkeypatch):
+    cert, key = certs["trusted"]
+    monkeypatch.setenv("SSL_CERT_FILE", cert)
+    with VllmOmniDouble(certfile=cert, keyfile=key) as double:
+        ex = connect(double.url).executor
+        _stop_mid_reply(double, ex, speech_like, caplog, monkeypatch, close=True)
 
 
 def test_a_voice_barge_in_aborts_the_request_and_the_reply_goes_on_from_the_heard_text(double, speech_like):

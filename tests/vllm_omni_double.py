@@ -31,7 +31,8 @@ Which vLLM-Omni code each part follows (files in the vllm-omni 0.30.0 wheel):
 * client disconnect -- uvicorn notices the closed connection and Starlette
   cancels the generator (``AsyncOmni.generate`` then aborts every stage); the
   double notices it the same way, by watching the socket for EOF between
-  chunks, and records the time (``time.monotonic()``, the client's clock too).
+  chunks, and records the time (``time.monotonic()``, the client's clock too);
+  tests wait for it with :meth:`Request.wait_disconnected`.
 """
 
 from __future__ import annotations
@@ -78,6 +79,12 @@ class Reply:
     fail_with: str = "error"  # ... "error" (an error chunk + [DONE]), "malformed", "bad_audio", "stall", "drop"
 
 
+def slow_reply(seconds: float = 30.0) -> Reply:
+    """A reply that streams for about ``seconds`` in many small chunks (a text delta every 50 ms,
+    0.1 s of audio at a time, in real time): still streaming whenever a test stops it."""
+    return Reply(text=["word "] * int(seconds * 10), text_interval_s=0.05, audio_s=seconds, chunk_s=0.1, pace=1.0)
+
+
 @dataclass
 class Request:
     """What the double saw of one chat completion request."""
@@ -89,6 +96,17 @@ class Request:
     disconnected: float | None = None  # the client closed the connection (EOF seen / write failed)
     completed: bool = False  # [DONE] sent
     chunks: int = 0
+    # set when ``disconnected`` is: tests wait on it (a bound that holds on a slow machine) instead
+    # of sleeping and reading the time
+    gone: threading.Event = field(default_factory=threading.Event, repr=False)
+
+    def hung_up(self) -> None:
+        """The client closed the connection: the first time counts."""
+        self.disconnected = self.disconnected or time.monotonic()
+        self.gone.set()
+
+    def wait_disconnected(self, timeout: float) -> bool:
+        return self.gone.wait(timeout)
 
 
 def wav_b64(samples: np.ndarray, rate: int) -> str:
@@ -344,10 +362,10 @@ class VllmOmniDouble:
             try:
                 readable, _, _ = select.select([sock], [], [], min(remaining, 0.25))
                 if readable and self._peer_closed(sock):
-                    req.disconnected = req.disconnected or time.monotonic()
+                    req.hung_up()
                     return False
             except (OSError, ValueError):
-                req.disconnected = req.disconnected or time.monotonic()
+                req.hung_up()
                 return False
         return False
 
@@ -381,6 +399,6 @@ class VllmOmniDouble:
             h.wfile.flush()
             return True
         except (BrokenPipeError, ConnectionResetError, OSError):
-            req.disconnected = req.disconnected or time.monotonic()
+            req.hung_up()
             h.close_connection = True
             return False

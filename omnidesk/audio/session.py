@@ -37,7 +37,7 @@ import numpy as np
 
 from omnidesk.engine.duplex import DuplexEngine, make_engine, session_rate
 from omnidesk.engine.engine import Engine, EngineConfig, EngineThread, TurnState
-from omnidesk.engine.executor import Executor
+from omnidesk.engine.executor import Executor, end_session
 from omnidesk.engine.rates import TimedExecutor
 from omnidesk.engine.timeline import Timeline
 from omnidesk.engine.vad import Endpointer, EndpointerConfig, level_dbfs
@@ -207,6 +207,9 @@ class LiveSession:
             except Exception:  # noqa: BLE001 - closing must not raise; the pool shutdown below still runs
                 pass
             self.engine.close()
+        # aclose cancelled the reply without telling the executor: a remote one would go on
+        # streaming it from the server
+        end_session(self.ex)
         if self._judge is not None:
             self._judge.close()
             self._judge = None

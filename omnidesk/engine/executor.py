@@ -24,7 +24,7 @@ come from (``with stage("vocoder"): ...``); the engine reports it.
 ``mark()`` / ``rollback(mark)`` undo everything since the mark in O(1) (a
 preemptive reply whose user kept talking).
 
-Two optional, additive hooks (defaults keep every local executor as it was):
+Optional, additive hooks (defaults keep every local executor as it was):
 
 * ``turn_extras(now)``: per-turn fields for the timeline that only the executor
   knows (the remote executor's ``network`` record).  The engine merges what it
@@ -33,10 +33,16 @@ Two optional, additive hooks (defaults keep every local executor as it was):
   thinker's tokens, so the engine keeps the thinker at most
   ``EngineConfig.thinker_lead`` tokens ahead of it.  An executor whose text and
   speech arrive already made (a server streaming both) sets it False: there is
-  nothing to pace, and its ``vocoder_step`` hands over audio as it arrives.  What each family must define is
-listed as abstract methods below; a Qwen3-Omni executor would expand its 16
-codebooks in ``talker_step`` (MTP head) and a Moshi-style executor would run
-its depth transformer there, each with its own vocoder in ``vocoder_step``.
+  nothing to pace, and its ``vocoder_step`` hands over audio as it arrives.
+* ``end_session()``: the driver closed its session (or restarts it) after its
+  worker stopped, perhaps in the middle of a reply the engine just cancelled
+  (``Engine.aclose``) without telling the executor.  An executor with work of
+  its own still running (the remote executor's stream) stops it there.
+
+What each family must define is listed as abstract methods below; a Qwen3-Omni
+executor would expand its 16 codebooks in ``talker_step`` (MTP head) and a
+Moshi-style executor would run its depth transformer there, each with its own
+vocoder in ``vocoder_step``.
 """
 
 from __future__ import annotations
@@ -179,6 +185,12 @@ class Executor(ABC):
         contract fields.  Called on the engine's loop, not the worker: it must not block.  Default: none."""
         return {}
 
+    def end_session(self) -> None:
+        """The session driving this executor closed (or restarts): stop what still runs in the
+        background for an unfinished reply.  Called once the engine's worker has stopped, so no
+        step is in flight.  The executor stays usable: a restarted session goes on with it.
+        Default: nothing (a local executor does its work only inside the worker's calls)."""
+
     def abandon_turn(self) -> bool:
         """A turn failed part-way: forget it and its reply, back to the conversation before it.
 
@@ -191,3 +203,18 @@ class Executor(ABC):
     @abstractmethod
     def turn_prompt_ids(self) -> list[int]:
         """Everything fed to the thinker for the latest user turn (placeholders included)."""
+
+
+def end_session(executor) -> None:
+    """Tell ``executor`` its session closed (:meth:`Executor.end_session`), once the engine's worker
+    has stopped; every driver (live, the window's sound files, ``talk``) calls this.  A duplex
+    executor has no such hook.  Never raises: closing must go on."""
+    hook = getattr(executor, "end_session", None)
+    if hook is None:
+        return
+    try:
+        hook()
+    except Exception:  # noqa: BLE001 - closing must not raise
+        import logging
+
+        logging.getLogger("omnidesk.engine").exception("ending the executor's session failed")

@@ -21,7 +21,7 @@ import numpy as np
 
 from .duplex import DuplexEngine, make_engine, session_rate
 from .engine import Engine, EngineConfig
-from .executor import Executor
+from .executor import Executor, end_session
 from .speaker import VirtualSpeaker
 from .timeline import Timeline
 from .vad import Endpoint, Endpointer, EndpointerConfig, EnergyVAD, SpeechStart
@@ -178,6 +178,7 @@ async def run_script(executor: Executor, script: Script, config: EngineConfig, t
     finally:
         await engine.aclose()
         engine.close()
+        end_session(executor)  # a remote executor stops streaming a reply cut short (Ctrl-C)
     return engine, speaker
 
 

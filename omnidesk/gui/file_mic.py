@@ -27,6 +27,7 @@ from omnidesk.audio.session import LiveSettings, LiveStatus
 from omnidesk.audio.vad import WebRtcVAD
 from omnidesk.engine.duplex import DuplexEngine, make_engine, session_rate
 from omnidesk.engine.engine import Engine, EngineConfig, EngineStats, EngineThread, TurnState
+from omnidesk.engine.executor import end_session
 from omnidesk.engine.rates import TimedExecutor
 from omnidesk.engine.speaker import VirtualSpeaker
 from omnidesk.engine.timeline import Timeline
@@ -99,6 +100,7 @@ class FileMicSession:
                 except Exception:
                     log.exception("stopping the reply at close failed")
             self.engine.close()
+            end_session(self.executor)  # a remote executor stops streaming the cancelled reply
         if self._judge is not None:
             self._judge.close()
             self._judge = None

@@ -21,6 +21,10 @@ The engine, the audio layer and the window do what they do for a local model
   every stage) and keeps in the history only the text the user heard, by the
   same played-audio -> text rule as the local executors
   (:func:`omnidesk.models.alignment.heard_text_pieces`, over the text deltas).
+* Closing the session (``end_session``, called by every driver once its
+  engine has stopped: ``omnidesk live`` ending or Ctrl-C, the window switching
+  model or quitting, a restart) aborts a reply still streaming, as a barge-in
+  does, and waits for its reader thread; the unfinished turn is forgotten.
 * A failure (the server unreachable, TLS, API key, unknown model, an HTTP error
   before or during the stream, a malformed chunk, a stall) raises a
   :class:`.client.ServerError` tagged with the "server" stage; ``abandon_turn``
@@ -60,6 +64,9 @@ CHARS_PER_SECOND = 14.0  # the local executors' speaking-rate estimate (thinker_
 # then 25 frames = 2 s per chunk) sends at least two chunks for any reply longer than this; one
 # chunk this long that came after all the text is a server that sends the audio only at the end.
 AUDIO_AT_END_MIN_S = 2.5
+# end_session waits this long for the reader thread: an aborted socket wakes it at once, so this
+# only bounds a reader stuck elsewhere (a TLS handshake, DNS) and is never waited out normally
+END_SESSION_WAIT_S = 5.0
 AUDIO_AT_END_NOTICE = ("this server sends the reply's audio only when it is complete (the whole reply is "
                        "generated before the first sound plays), so replies start later than with a "
                        "streaming model")
@@ -335,20 +342,33 @@ class RemoteExecutor(Executor):
     def abandon_turn(self) -> bool:
         """A failed turn: close its stream and forget it; the history is what it was before the turn."""
         self._close_stream()
+        self._forget_turn()
+        return True
+
+    def end_session(self) -> None:
+        """The session closed (or restarts) with a reply perhaps still streaming: the engine
+        cancelled it without a call here (``Engine.aclose``), so without this its reader would go
+        on reading, and the server generating, until the reply's end.  Abort the stream now (the
+        server sees the disconnect), wait for its reader thread to end, and forget the unfinished
+        turn: the history is what it was before it, and a restarted session goes on from there.
+        The client stays open for that session."""
+        self._close_stream(wait_s=END_SESSION_WAIT_S)
+        self._forget_turn()
+
+    def _forget_turn(self) -> None:
         self._reply = None
         self._turn_open = False
         self._pending_user = None
         self._audio, self._audio_length = [], 0
-        return True
 
     def _commit(self, reply_text: str) -> None:
         self.history.append(self._pending_user)
         self.history.append({"role": "assistant", "content": reply_text})
         self._pending_user = None
 
-    def _close_stream(self) -> None:
-        """Abort the current reply's stream, and wait (briefly) for the latest stream's reader to
-        let go of the pool's one connection before another request needs it."""
+    def _close_stream(self, wait_s: float = 1.0) -> None:
+        """Abort the current reply's stream, and wait (up to ``wait_s``) for the latest stream's
+        reader to let go of the pool's one connection before another request needs it."""
         r = getattr(self, "_reply", None)
         if r is not None:
             r.stream.abort()
@@ -356,7 +376,7 @@ class RemoteExecutor(Executor):
         if last is not None:
             if last is not r and not last.stream.finished and not last.ended:
                 last.stream.abort()  # an interrupted reply's stream is already aborted: no-op
-            last.stream.join(1.0)
+            last.stream.join(wait_s)
 
     def _judge_audio_pacing(self, r: _Reply) -> None:
         """After a whole reply: did its audio stream, or come in one piece after all the text?"""
