@@ -110,6 +110,7 @@ def test_turns_update_transcript_and_overlay_then_interrupt_after_and_repeat(qtb
     wait_listening(qtbot, w)
     assert w.demo_banner.isVisible() and "omnidesk models download Qwen/Qwen2.5-Omni-3B" in w.demo_banner.text
     assert [w.voice_picker.itemText(i) for i in range(w.voice_picker.count())] == ["Chelsie", "Ethan"]
+    assert w.weights_picker.isEnabled() and w.weights_picker.toolTip().startswith("int8: the thinker's linears")
 
     say(qtbot, w)
     qtbot.waitUntil(lambda: turn(w, 1) is not None and turn(w, 1).done, timeout=60000)

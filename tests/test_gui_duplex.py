@@ -83,6 +83,7 @@ def test_moshi_demo_shows_both_sides_the_frame_clock_and_stop_mutes(qtbot, setti
     assert MOSHI.demo_notice.split(": ", 1)[1].split(" - ")[0] in w.demo_banner.text
     assert w.duplex_activity.isVisible()
     assert not w.voice_picker.isEnabled() and "one voice" in w.voice_picker.toolTip()
+    assert not w.weights_picker.isEnabled() and "Moshi loads its weights as stored" in w.weights_picker.toolTip()
     assert w.stop_button.isEnabled() and w.stop_button.toolTip() == STOP_TIP_DUPLEX
     assert w.interrupt_after_button.isEnabled()
     w.overlay_action.trigger()  # F2

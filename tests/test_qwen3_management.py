@@ -600,6 +600,9 @@ def test_model_picker_lists_qwen3_and_opens_the_cached_checkpoint(request, monke
         assert w.demo_banner.isVisible() and "Qwen3-Omni demo model" in w.demo_banner.text
         voices = [w.voice_picker.itemText(i) for i in range(w.voice_picker.count())]
         assert voices == ["Ethan", "Chelsie", "Aiden"] and w.voice_picker.currentText() == "Ethan"
+        # int8 on load is a Qwen2.5-Omni option: greyed out here, saying so
+        assert not w.weights_picker.isEnabled()
+        assert w.weights_picker.toolTip().startswith("Qwen3-Omni loads its weights as stored")
         # one turn on the demo through the window's engine
         say(qtbot, w)
         qtbot.waitUntil(lambda: turn(w, 1) is not None and turn(w, 1).done, timeout=60000)

@@ -70,6 +70,8 @@ STOP_TIP_DUPLEX = ("Stop the assistant now (Esc): what is playing is dropped and
                    "finished the sentence it was saying")
 INTERRUPT_AFTER_TIP = "Cut the current or next reply this long after it starts playing"
 INTERRUPT_AFTER_TIP_DUPLEX = "Stop the assistant this long after it starts speaking (as Stop reply does)"
+WEIGHTS_TIP = ("int8: the thinker's linears are quantized to int8 while loading; a GPTQ/AWQ checkpoint runs 4-bit "
+               "either way. Reloads the model.")
 PLACEHOLDERS = {  # the empty conversation says what to do now
     "loading": "Loading the model…",
     "idle": "Not listening yet (see the message above, if any).",
@@ -131,6 +133,7 @@ class _SpaceToTalk(QObject):
         if isinstance(w, QTextEdit) and not w.isReadOnly():
             return True
         return isinstance(w, QComboBox) and w.isEditable()
+
 
 
 class MainWindow(QMainWindow):
@@ -288,8 +291,7 @@ class MainWindow(QMainWindow):
         self.weights_picker.addItem("As stored (bf16, or the checkpoint's 4-bit)", "none")
         self.weights_picker.addItem("int8 (about half the GPU memory)", "int8")
         self.weights_picker.setCurrentIndex(max(0, self.weights_picker.findData(self.settings.quantize)))
-        self.weights_picker.setToolTip("int8: the thinker's linears are quantized to int8 while loading; "
-                                       "a GPTQ/AWQ checkpoint runs 4-bit either way. Reloads the model.")
+        self.weights_picker.setToolTip(WEIGHTS_TIP)
         self.weights_picker.activated.connect(self._on_weights_picked)
         form.addRow("&Weights", self.weights_picker)
         panel.addWidget(model)
@@ -461,6 +463,7 @@ class MainWindow(QMainWindow):
         if voice is not None:
             self.voice_picker.setCurrentIndex(loaded.voices.index(voice))
         self._show_model_kind(loaded.duplex)
+        self._show_weights_choice(loaded)
         self._show_remote(loaded)
         self._select_model_item(loaded.choice)
         self.model_loaded.emit(loaded)
@@ -551,6 +554,20 @@ class MainWindow(QMainWindow):
         self.setWindowTitle(f"OmniDesk: {loaded.family_title} on {host} (remote)")
         if notice:
             self.statusBar().showMessage(as_sentence(notice), 15000)
+
+    def _show_weights_choice(self, loaded: LoadedModel) -> None:
+        """The Weights picker only where it does something: greyed out, saying why, for a family
+        that loads its weights as stored (Moshi, Qwen3-Omni) or a server's model.  The remembered
+        choice stays and applies again to the next model that can use it."""
+        usable = loaded.int8_on_load and not loaded.remote
+        self.weights_picker.setEnabled(usable)
+        if usable:
+            self.weights_picker.setToolTip(WEIGHTS_TIP)
+        elif loaded.remote:
+            self.weights_picker.setToolTip("The server holds the weights: how they are loaded is set there.")
+        else:
+            self.weights_picker.setToolTip(f"{loaded.family_title} loads its weights as stored: int8 on load is "
+                                           f"for Qwen2.5-Omni checkpoints.")
 
     def _on_weights_picked(self, index: int) -> None:
         value = self.weights_picker.itemData(index)

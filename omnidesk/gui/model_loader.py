@@ -39,6 +39,7 @@ class LoadedModel:
     duplex: bool = False  # full duplex (no turns, one step per frame)
     model_info: dict = field(default_factory=dict)  # the family's description for the timeline
     remote: str | None = None  # the server's URL when the model runs on a vLLM-Omni server (omnidesk.remote)
+    int8_on_load: bool = False  # the family can quantize this checkpoint's weights to int8 while loading
 
     @property
     def name(self) -> str:
@@ -109,4 +110,5 @@ def load_model(choice: ModelChoice, device: str | None, progress: Callable[[str]
         log.info("weights: %s", loaded.model_info["quantization"]["summary"])
     return LoadedModel(choice=choice, stack=loaded.stack, executor=loaded.executor, demo=loaded.demo,
                        device=loaded.device, voices=loaded.voices, family_title=family.title,
-                       demo_notice=family.demo_notice, duplex=family.duplex, model_info=loaded.model_info)
+                       demo_notice=family.demo_notice, duplex=family.duplex, model_info=loaded.model_info,
+                       int8_on_load="quantize" not in family.ignored_options)
