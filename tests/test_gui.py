@@ -410,6 +410,33 @@ def test_no_microphone_is_shown_with_a_way_out(qtbot, settings, tmp_path, demo_d
 # ---------------------------------------------------------------- the bridge
 
 
+def test_bridge_holds_back_a_character_still_arriving(qtbot):
+    """A reply streaming a two-token character (byte-level BPE, here "é" = C3 A9 in two tokens):
+    the transcript never shows the U+FFFD of its first half; a reply that ends on half a
+    character shows it (that is what the model said)."""
+    from omnidesk.engine.timeline import Timeline
+    from omnidesk.gui.bridge import EngineBridge
+
+    pieces = {1: b"caf", 2: b"\xc3", 3: b"\xa9"}
+    bridge = EngineBridge(decode=lambda ids: b"".join(pieces[i] for i in ids).decode("utf-8", errors="replace"))
+    views = []
+    bridge.turn_changed.connect(lambda: views.extend(bridge.take_turns()))
+    done = []
+    bridge.turn_done.connect(done.append)
+    turn = Timeline().new_turn()
+    bridge.on_update("turn", turn)
+    texts = []
+    for i in (1, 2, 3):
+        turn.text_token_ids.append(i)
+        bridge.on_update("reply", turn)
+        qtbot.waitUntil(lambda: views and views[-1].text_tokens == i)
+        texts.append(views[-1].text)
+    assert texts == ["caf", "caf", "café"]
+    turn.text_token_ids[:] = [1, 2]  # ends on half a character
+    bridge.on_update("done", turn)
+    assert done[-1].text == "caf\ufffd"
+
+
 def test_bridge_copies_on_the_engine_thread_and_coalesces_replies(qtbot):
     """200 streaming updates from another thread reach the UI thread as a few queued signals,
     carrying immutable copies; the final state arrives in order."""

@@ -261,6 +261,10 @@ class EngineBridge(QObject):
         number = self._number(turn)
         ids = turn.text_token_ids
         text = self._text(number, ids, turn.text)
+        if not final:
+            # a character of several bytes (Chinese, an emoji) comes in several byte-level tokens: until
+            # the last one arrives the decoded text ends in U+FFFD, which would flash in the transcript
+            text = text.rstrip("\ufffd")
         heard = None
         barge_in = dataclasses.replace(turn.barge_in) if turn.barge_in is not None else None
         if turn.interrupted and barge_in is not None:
