@@ -550,9 +550,31 @@ def test_download_takes_every_familys_published_layout(monkeypatch, env):
     with _hub_serving(monkeypatch, "Org/Llama", files) as hub:
         with pytest.raises(DownloadError) as info:
             download("Org/Llama", endpoint=hub.endpoint, progress=False)
-    assert str(info.value).startswith(f"Org/Llama on {hub.endpoint} does not look like a checkpoint OmniDesk can "
+    # refused on its config.json: the weights were never fetched
+    assert str(info.value) == (f"Org/Llama on {hub.endpoint} is not a checkpoint OmniDesk can run (its config.json "
+                               f"has model_type 'llama'; supported: Qwen2.5-Omni, Moshi, Qwen3-Omni); nothing else "
+                               f"was downloaded.")
+    assert hub.gets() == {"config.json"}
+    # a repo with no config.json that no family knows is judged once its files are there
+    with _hub_serving(monkeypatch, "Org/Odd", {"model.safetensors": b"weights"}) as hub:
+        with pytest.raises(DownloadError) as info:
+            download("Org/Odd", endpoint=hub.endpoint, progress=False)
+    assert str(info.value).startswith(f"Org/Odd on {hub.endpoint} does not look like a checkpoint OmniDesk can "
                                       f"run (no family recognises the files in ")
-    assert "Qwen2.5-Omni, Moshi, Qwen3-Omni" in str(info.value)
+
+
+def test_a_text_only_qwen3_repo_is_refused_before_its_weights(monkeypatch, env, q3_src):
+    """Qwen3-Omni-30B-A3B-Thinking is ~70 GB that cannot speak: refused once its config.json is read."""
+    raw = json.loads((q3_src / "config.json").read_text())
+    raw["enable_audio_output"] = False
+    files = {"config.json": json.dumps(raw).encode(), "model.safetensors": (q3_src / "model.safetensors").read_bytes()}
+    with _hub_serving(monkeypatch, THINKING, files) as hub:
+        with pytest.raises(DownloadError) as info:
+            download(THINKING, endpoint=hub.endpoint, progress=False)
+    assert str(info.value) == (f"{THINKING} is a Qwen3-Omni checkpoint OmniDesk cannot run: text only, no speech "
+                               f"output (enable_audio_output is false: a -Thinking or -Captioner model); use "
+                               f"Qwen/Qwen3-Omni-30B-A3B-Instruct. Nothing else was downloaded.")
+    assert hub.gets() == {"config.json"}
 
 
 def test_doctor_knows_qwen3(monkeypatch, q3_hf, q3_demo, tmp_path):

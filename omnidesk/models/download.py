@@ -116,6 +116,35 @@ def _describe(repo_id: str, error: BaseException, where: str, cache: Path) -> st
     return f"download of {repo_id} from {where} stopped ({detail}).{resume}"
 
 
+def _supported() -> str:
+    from .families import FAMILIES
+
+    return ", ".join(f.title for f in FAMILIES)
+
+
+def _refuse_unrunnable(repo_id: str, head: Path, where: str) -> None:
+    """DownloadError when the repo's config.json (in ``head``, the snapshot so far) names a model no
+    family runs, or one its family cannot run (a text-only -Thinking model).  A repo without one
+    (Moshi's published repos) is judged once its files are there."""
+    from .checkpoint import ConfigError, read_json
+    from .families import detect_family
+
+    if not (head / "config.json").is_file():
+        return
+    family = detect_family(head)
+    if family is None:
+        try:
+            model_type = read_json(head / "config.json").get("model_type")
+        except ConfigError:  # unreadable: the error names the file
+            model_type = None
+        raise DownloadError(f"{repo_id} on {where} is not a checkpoint OmniDesk can run (its config.json has "
+                            f"model_type {model_type!r}; supported: {_supported()}); nothing else was downloaded.")
+    why = family.unsupported(head)
+    if why:
+        raise DownloadError(f"{repo_id} is a {family.title} checkpoint OmniDesk cannot run: {why}. Nothing else "
+                            f"was downloaded.")
+
+
 def download(repo_id: str, cache_dir: Path | None = None, endpoint: str | None = None,
              progress: bool = True) -> Path:
     """Fetch ``repo_id`` into the HF cache (resumable) and return its snapshot directory.
@@ -135,6 +164,10 @@ def download(repo_id: str, cache_dir: Path | None = None, endpoint: str | None =
         kwargs["endpoint"] = endpoint
     try:
         with _no_telemetry():
+            # config.json first (a few KB): a repo OmniDesk cannot run is refused before its weights
+            # (tens of GB) are fetched
+            head = Path(snapshot_download(repo_id, cache_dir=str(cache), allow_patterns=["config.json"], **kwargs))
+            _refuse_unrunnable(repo_id, head, where)
             snapshot = Path(snapshot_download(repo_id, cache_dir=str(cache), allow_patterns=ALLOW_PATTERNS,
                                               **kwargs))
     except DownloadError:
@@ -142,12 +175,11 @@ def download(repo_id: str, cache_dir: Path | None = None, endpoint: str | None =
     except (Exception, KeyboardInterrupt) as e:
         raise DownloadError(_describe(repo_id, e, where, repo_cache)) from e
 
-    from .families import FAMILIES, detect_family
+    from .families import detect_family
 
     if detect_family(snapshot) is None:  # Moshi's published repos have no config.json: ask the registry
         raise DownloadError(f"{repo_id} on {where} does not look like a checkpoint OmniDesk can run "
-                            f"(no family recognises the files in {snapshot}; supported: "
-                            f"{', '.join(f.title for f in FAMILIES)}).")
+                            f"(no family recognises the files in {snapshot}; supported: {_supported()}).")
     if default_cache or cache.resolve() == hf_hub_cache().resolve():
         try:
             found = resolve_checkpoint(repo_id)

@@ -96,6 +96,9 @@ class Family:
     # (bytes) of each way it can run, e.g. {"bfloat16": ..., "int8": ...} ({}: not estimated)
     quantization: Callable[[Path], str | None] = lambda root: None
     memory_modes: Callable[[Path], dict[str, int]] = lambda root: {}
+    # Why OmniDesk cannot run this (intact) checkpoint, from its config.json alone (None: it can):
+    # `models download` asks before fetching the weights, `models verify` reports it
+    unsupported: Callable[[Path], str | None] = lambda root: None
 
 
 def _config(root: Path) -> dict | None:
@@ -269,6 +272,12 @@ def _qwen3_verify(root: Path, report: VerifyReport, load_test: bool) -> None:
     verify(root, report, load_test)
 
 
+def _qwen3_unsupported(root: Path) -> str | None:
+    from .qwen3_omni.verify import unsupported
+
+    return unsupported(root)
+
+
 def _qwen3_voices(root: Path) -> list[str]:
     from .qwen3_omni.verify import voice_names
 
@@ -291,7 +300,7 @@ QWEN3 = Family(
     name="qwen3_omni", title="Qwen3-Omni", duplex=False, detect=_qwen3_detect, demo_name="qwen3-demo",
     make_demo=_qwen3_make_demo, demo_dir=_qwen3_demo_dir, is_demo=_qwen3_is_demo, demo_notice=_qwen3_notice(),
     load=_qwen3_load, verify=_qwen3_verify, voices=_qwen3_voices, declared_dtype=_qwen_dtype,
-    input_rate=_qwen_input_rate, turn_tools=_qwen3_tools,
+    input_rate=_qwen_input_rate, turn_tools=_qwen3_tools, unsupported=_qwen3_unsupported,
     ignored_options=("quantize",),  # its MoE experts are not QuantLinear yet
     repos={
         "Qwen/Qwen3-Omni-30B-A3B-Instruct": Recommendation(

@@ -57,9 +57,7 @@ def verify(root: Path, report: VerifyReport, load_test: bool = True) -> None:
         try:
             cfg = Qwen3OmniConfig.from_file(root / "config.json")
             report.checked.append("config.json")
-            if cfg.talker is None:  # intact, but it cannot answer in speech
-                report.unsupported = ("text only, no speech output (enable_audio_output is false: a -Thinking or "
-                                      "-Captioner model); use Qwen/Qwen3-Omni-30B-A3B-Instruct")
+            report.unsupported = _unsupported(cfg)
         except (ConfigError, OSError) as e:
             report.problems.append(str(e))
     for name in SIDE_FILES:
@@ -80,6 +78,22 @@ def verify(root: Path, report: VerifyReport, load_test: bool = True) -> None:
         _load_test(root, cfg, report)
 
 
+def _unsupported(cfg: Qwen3OmniConfig) -> str | None:
+    if cfg.talker is None:  # intact, but it cannot answer in speech
+        return ("text only, no speech output (enable_audio_output is false: a -Thinking or -Captioner model); "
+                "use Qwen/Qwen3-Omni-30B-A3B-Instruct")
+    return None
+
+
+def unsupported(root: Path) -> str | None:
+    """Why OmniDesk cannot run the checkpoint whose config.json is in ``root`` (None: it can, or the
+    config is unreadable: verify says why)."""
+    try:
+        return _unsupported(Qwen3OmniConfig.from_dict(read_json(root / "config.json")))
+    except (ConfigError, OSError):
+        return None
+
+
 def voice_names(root: Path) -> list[str]:
     """The speakers of config.json's talker_config.speaker_id ([] when unreadable: verify says why)."""
     try:
@@ -89,4 +103,4 @@ def voice_names(root: Path) -> list[str]:
     return list(talker.voices) if talker is not None else []
 
 
-__all__ = ["SIDE_FILES", "config_dtype", "verify", "voice_names"]
+__all__ = ["SIDE_FILES", "config_dtype", "unsupported", "verify", "voice_names"]
