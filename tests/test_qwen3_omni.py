@@ -174,16 +174,21 @@ def test_second_turn_talker_reads_both_user_turns_not_the_reply(q3):
     assert int(ex.context_used[:ex.prompt_end].sum()) == sum(1 for r in turn_roles(history, stack.config.im_start_id) if r == user)
 
 
+def _start_reply(ex: Qwen3OmniExecutor, seconds: float, seed: int) -> None:
+    """One user turn of ``seconds`` of test speech, then the reply begins."""
+    ex.begin_user_turn()
+    ex.add_user_audio(_wave(seconds, seed=seed).numpy())
+    ex.end_user_turn()
+    ex.start_reply()
+
+
 def test_cut_in_next_turn_equals_fresh_prefill_of_the_heard_history(q3):
     """After an interruption the next turn's thinker logits and talker frames equal an executor
     that read the heard history from scratch."""
     path, _ = q3
     stack = load_stack(path)
     ex = Qwen3OmniExecutor(stack, max_reply_tokens=10, max_codec_tokens=12, **_greedy(stack))
-    ex.begin_user_turn()
-    ex.add_user_audio(_wave(1.2, seed=5).numpy())
-    ex.end_user_turn()
-    ex.start_reply()
+    _start_reply(ex, 1.2, seed=5)
     for _ in range(8):
         ex.thinker_step()
         ex.talker_step()
@@ -221,10 +226,7 @@ def test_streamed_audio_equals_one_shot_code2wav(q3):
     path, _ = q3
     stack = load_stack(path)
     ex = Qwen3OmniExecutor(stack, max_reply_tokens=8, max_codec_tokens=10, **_greedy(stack))
-    ex.begin_user_turn()
-    ex.add_user_audio(_wave(1.0, seed=7).numpy())
-    ex.end_user_turn()
-    ex.start_reply()
+    _start_reply(ex, 1.0, seed=7)
     chunks, first_at = [], None
     while not (ex.thinker_done and ex.talker_done):
         if not ex.thinker_done:
@@ -290,10 +292,7 @@ def test_engine_steps_after_an_inference_mode_reply_on_the_same_model(q3):
     stack = load_stack(path)
     generate_reply(stack, _wave(0.8, seed=9), max_text_tokens=4, max_codec_tokens=3)
     ex = Qwen3OmniExecutor(stack, max_reply_tokens=4, max_codec_tokens=3, **_greedy(stack))
-    ex.begin_user_turn()
-    ex.add_user_audio(_wave(0.8, seed=10).numpy())
-    ex.end_user_turn()
-    ex.start_reply()
+    _start_reply(ex, 0.8, seed=10)
     while not (ex.thinker_done and ex.talker_done):
         ex.thinker_step()
         ex.talker_step()
@@ -365,19 +364,13 @@ def test_a_failure_mid_reply_forgets_the_turn_and_the_conversation_goes_on(q3):
     path, _ = q3
     stack = load_stack(path)
     ex = Qwen3OmniExecutor(stack, max_reply_tokens=8, max_codec_tokens=6, **_greedy(stack))
-    ex.begin_user_turn()
-    ex.add_user_audio(_wave(1.0, seed=40).numpy())
-    ex.end_user_turn()
-    ex.start_reply()
+    _start_reply(ex, 1.0, seed=40)
     while not ex.talker_done:
         ex.thinker_step()
         ex.talker_step()
     ex.finish_reply()
     before = (list(ex.ids), ex.talker_cache.length)
-    ex.begin_user_turn()
-    ex.add_user_audio(_wave(1.0, seed=41).numpy())
-    ex.end_user_turn()
-    ex.start_reply()
+    _start_reply(ex, 1.0, seed=41)
     for _ in range(3):
         ex.thinker_step()
         ex.talker_step()

@@ -253,7 +253,7 @@ def _qwen3_load(root: Path, device: str, options: LoadOptions) -> Loaded:
     from .qwen3_omni.loading import load_stack
 
     stack = load_stack(root, device=device)
-    if options.voice and options.voice.lower() not in {v.lower() for v in stack.voices}:  # any case
+    if options.voice and stack.voice_named(options.voice) is None:
         raise CheckpointError(f"unknown voice '{options.voice}'; this model has: {', '.join(stack.voices)}")
     executor = executor_for(stack, greedy=options.greedy, max_text_tokens=options.max_text_tokens,
                             max_codec_tokens=options.max_codec_tokens)

@@ -21,15 +21,13 @@ def available_ram() -> int:
     would refuse a model that fits."""
     try:
         with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return 0
+            fields = dict(line.split(":", 1) for line in f if ":" in line)
+        return int(fields["MemAvailable"].split()[0]) * 1024
+    except (OSError, ValueError, KeyError, IndexError):  # not Linux, or a kernel without MemAvailable
+        try:
+            return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (ValueError, OSError, AttributeError):
+            return 0
 
 
 def cpu_ram_problem(need: int, dtype: torch.dtype, smaller: str = "") -> str | None:

@@ -151,8 +151,7 @@ class Qwen3OmniExecutor(ThinkerTalkerExecutor):
     # ------------------------------------------------------------------ reply, talker side
     def _start_speech(self, r: "Qwen3Reply", voice: str | None, seed: int) -> None:
         with stage("voice"):
-            wanted = (voice or self.stack.default_voice or "").lower()  # any case, as the reference's generate()
-            name = next((n for n in self.stack.voices if n.lower() == wanted), None)
+            name = self.stack.voice_named(voice)
             if name is None:
                 raise KeyError(f"voice '{voice}' is not a speaker of {self.stack.path / 'config.json'} "
                                f"(talker_config.speaker_id has: {', '.join(self.stack.voices)})")

@@ -112,6 +112,12 @@ class Qwen3OmniStack:
         # the reference's generate() speaks as Ethan unless told otherwise
         return "Ethan" if "Ethan" in self.voices else next(iter(self.voices), None)
 
+    def voice_named(self, name: str | None) -> str | None:
+        """The voice ``name`` names, in any case as the reference's generate() takes it ("ethan" ->
+        "Ethan"); the default voice for None; None when the config has no such speaker."""
+        wanted = (name or self.default_voice or "").lower()
+        return next((v for v in self.voices if v.lower() == wanted), None)
+
 
 def load_stack(model: str | os.PathLike, device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
                context_tokens: int = 8192) -> Qwen3OmniStack:
