@@ -129,7 +129,7 @@ def test_preemptive_start_discarded_leaves_cache_as_before(stack, speech_like):
     ex.begin_user_turn()
     ex.add_user_audio(wave[:20000].numpy())
     mark = ex.mark()
-    length, ids, k = ex.thinker_cache_length, list(ex.ids), ex.thinker_cache.k.clone()
+    length, ids, k = ex.thinker_cache_length, list(ex.ids), torch.stack(ex.thinker_cache.k)
     # the user paused: reply preemptively...
     ex.end_user_turn()
     ex.start_reply()
@@ -139,7 +139,7 @@ def test_preemptive_start_discarded_leaves_cache_as_before(stack, speech_like):
     # ...then kept talking
     ex.rollback(mark)
     assert ex.thinker_cache_length == length and ex.ids == ids
-    assert torch.equal(ex.thinker_cache.k[..., :length, :], k[..., :length, :])
+    assert torch.equal(torch.stack(ex.thinker_cache.k)[..., :length, :], k[..., :length, :])
     ex.add_user_audio(wave[20000:].numpy())
     prompt = ex.end_user_turn()
     straight = _executor(stack)

@@ -125,9 +125,9 @@ CASES = [
     ("encoder", "encoder", 1, None),  # while the user speaks: the first 2-s block
     ("encoder", "encoder", 2, None),  # at the endpoint: the tail block, in the reply's first step
     ("thinker", "thinker", 1, None),  # the turn's header prefill, when the user starts speaking
-    ("thinker", "thinker", 5, lambda x, *_: x.shape[0] == 1),  # the 5th reply token
+    ("thinker", "thinker.forward_static", 5, None),  # the 5th reply token (a decode step)
     ("talker", "talker", 1, None),  # the talker's prefill
-    ("talker", "talker", 10, None),  # mid-reply
+    ("talker", "talker.forward_static", 10, None),  # mid-reply (a decode step)
     ("vocoder", "bigvgan", 1, None),  # the first audio chunk
     ("vocoder", "bigvgan", 2, None),  # the second chunk, while the first plays
     ("speaker", "speaker", 1, None),  # handing the first chunk to the speaker
@@ -142,9 +142,10 @@ def test_a_failed_stage_ends_its_turn_and_the_next_turn_works(stack, speech_like
         if where == "encoder":
             enc = stack.thinker.audio_encoder
             monkeypatch.setattr(enc, "encode_block", inj.wrap(enc.encode_block))
-        elif where in ("thinker", "talker"):
-            module = getattr(stack, where)
-            monkeypatch.setattr(module, "forward", inj.wrap(module.forward))
+        elif where.split(".")[0] in ("thinker", "talker"):
+            module, _, method = where.partition(".")
+            module, method = getattr(stack, module), method or "forward"
+            monkeypatch.setattr(module, method, inj.wrap(getattr(module, method)))
         elif where == "bigvgan":
             monkeypatch.setattr(BigVGAN, "forward", inj.wrap(BigVGAN.forward))
         elif where == "speaker":

@@ -1,8 +1,10 @@
 """Preallocated KV caches: linear with O(1) rollback (:class:`KVCache`) and a ring (:class:`RingKVCache`).
 
-A linear cache serves one turn-based decoder (a thinker, a talker).  Keys and values for every layer live
-in two tensors allocated once at ``capacity`` positions; a step writes its new
-positions in place and ``length`` says how many are valid.  ``truncate(n)``
+A linear cache serves one turn-based decoder (a thinker, a talker).  Keys and values live in one
+tensor per layer (``k[i]``, ``v[i]``), allocated once at ``capacity`` positions; a step writes its new
+positions in place and ``length`` says how many are valid.  One tensor per layer rather than one for
+all layers: a compiled step that writes into a slice of a shared base tensor makes inductor copy the
+whole base on every write (measured 40x slower on the CPU); separate tensors are written in place.  ``truncate(n)``
 only moves that pointer: the stale entries past ``n`` are never read again
 because every attention reads ``[:length]`` (eager) or masks by position
 (static shapes), and they are overwritten by the next write.
@@ -22,9 +24,9 @@ class KVCache:
                  dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"):
         if capacity <= 0:
             raise ValueError(f"KV cache capacity must be positive, got {capacity}")
-        shape = (num_layers, 1, num_kv_heads, capacity, head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        shape = (1, num_kv_heads, capacity, head_dim)
+        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.capacity = capacity
         self.length = 0
 
@@ -43,9 +45,46 @@ class KVCache:
     def reset(self) -> None:
         self.length = 0
 
+    def span(self, n: int, dynamic: bool = False) -> "KVSpan":
+        """The first ``n`` positions of every layer (views, written through), for a static-shape step
+        that attends over them instead of the whole capacity.  ``dynamic`` marks their length as a
+        dynamic dimension for torch.compile, so one compiled step serves every length."""
+        return KVSpan(self, n, dynamic)
+
     @property
     def nbytes(self) -> int:
-        return self.k.element_size() * self.k.numel() * 2
+        return sum(t.element_size() * t.numel() for t in (*self.k, *self.v))
+
+
+class KVSpan:
+    """A prefix of a :class:`KVCache` that a static-shape decode step reads and writes like the cache
+    itself (``k``, ``v``: per-layer views; ``capacity``: the cache's).  On the CPU, attention over
+    exactly the used positions costs a fraction of attention over the whole capacity; a CUDA graph
+    needs one fixed shape and takes the whole cache instead."""
+
+    def __init__(self, cache: KVCache, n: int, dynamic: bool = False):
+        n = max(n, 2)  # torch.compile specialises a dimension of size 1; the step's mask hides the extra slot
+        if n > cache.capacity:
+            raise CacheFullError(f"KV cache full: a span of {n} positions > capacity {cache.capacity}")
+        self.k = [t[:, :, :n] for t in cache.k]
+        self.v = [t[:, :, :n] for t in cache.v]
+        self.capacity = cache.capacity
+        if dynamic:
+            self._mark_dynamic()
+
+    def _mark_dynamic(self) -> None:
+        for t in (*self.k, *self.v):
+            torch._dynamo.mark_dynamic(t, 2)
+
+    @classmethod
+    def scratch(cls, cache: KVCache, n: int, dynamic: bool = True) -> "KVSpan":
+        """A span shaped (and strided) like ``cache``'s first ``n`` positions but on a private zeroed
+        cache of the same size: what a step is compiled on in the background while the conversation
+        goes on in ``cache``.  Held only while compiling."""
+        layers, (_, heads, capacity, head_dim) = len(cache.k), cache.k[0].shape
+        with torch.inference_mode(False):
+            private = KVCache(layers, heads, head_dim, capacity, cache.k[0].dtype, cache.k[0].device)
+        return cls(private, n, dynamic)
 
 
 class RingKVCache:
@@ -61,9 +100,9 @@ class RingKVCache:
 
     def __init__(self, num_layers: int, num_heads: int, head_dim: int, capacity: int,
                  dtype: torch.dtype, device: torch.device | str):
-        shape = (num_layers, num_heads, capacity, head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        shape = (num_heads, capacity, head_dim)  # one tensor per layer, as KVCache (see the module docstring)
+        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.capacity = capacity
         self.pos = torch.zeros(1, dtype=torch.long, device=device)
         self.slot = torch.zeros(1, dtype=torch.long, device=device)
@@ -85,4 +124,4 @@ class RingKVCache:
 
     @property
     def nbytes(self) -> int:
-        return 2 * self.k.numel() * self.k.element_size()
+        return sum(t.element_size() * t.numel() for t in (*self.k, *self.v))

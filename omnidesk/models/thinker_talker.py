@@ -50,8 +50,9 @@ import torch
 from ..engine.executor import Executor, Rollback, stage
 from .alignment import heard_text_pieces
 from .features import log_mel, num_frames
-from .kv_cache import CacheFullError
-from .sampling import Sampler, SamplingParams
+from .kv_cache import CacheFullError, KVCache, KVSpan
+from .runner import DecodeRunner, resolve_mode
+from .sampling import Sampler, SamplingParams, sample
 
 # Marks where an assistant reply's text sits when the chat template is rendered to find the
 # text between turns; never tokenized.
@@ -133,12 +134,13 @@ class ReplyState:
     feed: ReplyFeed  # thinker reply rows -> talker, one per talker step
     voice: str | None = None  # the voice it speaks with (set by the family's _start_speech)
     text: list[int] = field(default_factory=list)  # reply ids emitted so far
-    next_token: int | None = None  # chosen, not yet emitted
+    next_token: torch.Tensor | None = None  # chosen ([1] on the device), not yet emitted
     thinker_done: bool = False
     first_vector: torch.Tensor | None = None  # the first reply row: it ends the talker's prefill
     codes: list = field(default_factory=list)  # one entry per talker step (a frame of codebooks where there are several)
     talker_done: bool = False
-    talker_logits: torch.Tensor | None = None  # None until the talker's prefill
+    talker_logits: torch.Tensor | None = None  # the talker prefill's last logits (None until the prefill)
+    next_code: torch.Tensor | None = None  # the next code ([1] on the device), chosen inside the talker's step
     codec_sampler: Sampler | None = None
     stream: object = None  # the family's streaming vocoder
     vocoded: int = 0  # codes already handed to the vocoder
@@ -154,17 +156,26 @@ class ThinkerTalkerExecutor(Executor):
     im_end strings of its chat template), ``stop_ids``, ``talker_stop_ids`` (codes that end the
     speech), ``talker_cache``, ``talker_width``, ``sample_rate_out``, ``samples_per_code``
     (output samples per speech step).  It implements :meth:`_forward_thinker` (thinker forward
-    + the talker's rows) and the reply's talker side: :meth:`_start_speech`,
-    :meth:`_start_talker`, :meth:`_advance_talker`, :meth:`vocoder_step`, :meth:`_feed_ends`,
-    with what it keeps per reply in a :class:`ReplyState` subclass (:attr:`reply_state`).
+    + the talker's rows), :meth:`_decode_thinker` (the same for one reply token, as a static-shape
+    step) and the reply's talker side: :meth:`_start_speech`, :meth:`_start_talker`,
+    :meth:`_advance_talker`, :meth:`vocoder_step`, :meth:`_feed_ends`, with what it keeps per reply
+    in a :class:`ReplyState` subclass (:attr:`reply_state`); :meth:`_register_steps` adds its
+    talker's hot steps to the decode runner.
+
+    Decode steps (one reply token of the thinker, one talker step) run through a
+    :class:`~omnidesk.models.runner.DecodeRunner` (eager, compiled or CUDA graphs: ``compile``
+    is the user's setting, see :func:`~omnidesk.models.runner.resolve_mode`).  They choose their
+    next token on the device; the executor reads it once, at the start of the next step.
     """
+
+    family = ""  # the registry's name of the family (picks where compiling pays on the CPU)
 
     drop_headroom = 0.25  # fraction of the cache a cache-full drop leaves free (see _ensure_room)
     reply_state: type[ReplyState] = ReplyState
     _reply: ReplyState | None
 
     def _setup(self, capacity: int, max_reply_tokens: int, system_prompt: str, thinker_sampling: SamplingParams,
-               chars_per_second: float) -> None:
+               chars_per_second: float, compile: str | None = None) -> None:
         stack = self.stack
         if stack.device.type == "cpu":
             # Leave a core to the event loop and the audio thread: with every core in torch's
@@ -186,7 +197,18 @@ class ThinkerTalkerExecutor(Executor):
         self.context_rows = torch.zeros(capacity, self.talker_width, dtype=stack.dtype, device=self.device)
         self.context_used = torch.zeros(capacity, dtype=torch.bool, device=self.device)
         self._turn_pieces = self._template_pieces()
+        # Decode state allocated once, so a captured step sees the same buffers every reply: the
+        # text sampler (re-seeded and cleared per reply) and the position input.
+        with torch.inference_mode(False):
+            self._pos = torch.zeros(1, dtype=torch.long, device=self.device)
+        self.text_sampler = Sampler(thinker_sampling, self.thinker.lm_head.out_features, self.device,
+                                    torch.Generator(device=self.device))
+        self.runner = DecodeRunner(resolve_mode(compile, self.device, self.family), self.device)
+        self._thinker_decode_step = self.runner.step(
+            "thinker", self._thinker_decode, lambda: self._example(self.thinker_cache, self.text_sampler))
+        self._register_steps()
         self.reset_conversation()
+        self.runner.warm_up()
 
     # ------------------------------------------------------------------ family hooks
     @abstractmethod
@@ -195,6 +217,19 @@ class ThinkerTalkerExecutor(Executor):
         """Run the thinker over ``embeds`` (the input embeddings of ``ids``, appended at position
         ``thinker_cache.length``); return its final hidden states [T, H], the talker's context row
         for each position [T, talker_width] and whether the talker reads it [T] (bool)."""
+
+    @abstractmethod
+    def _decode_thinker(self, embeds: torch.Tensor, cache: KVCache | KVSpan, input_pos: torch.Tensor
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One reply token through the thinker as a static-shape step (no host sync): ``embeds`` [1, H]
+        written at ``input_pos`` [1] -> its final hidden state [1, H] and the talker's row [1, W]."""
+
+    def _decode_used(self, token: int) -> bool:
+        """Whether the talker reads the row of reply token ``token`` (appended at the end of ``ids``)."""
+        return True
+
+    def _register_steps(self) -> None:
+        """Register the talker's hot steps with ``self.runner`` (the thinker's is shared)."""
 
     @abstractmethod
     def _feed_ends(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -207,13 +242,42 @@ class ThinkerTalkerExecutor(Executor):
 
     @abstractmethod
     def _start_talker(self) -> None:
-        """Prefill the talker (the context rows it has not read, the reply's opening) and set
-        ``talker_logits`` for the first code."""
+        """Prefill the talker (the context rows it has not read, the reply's opening), keep its last
+        logits in ``talker_logits`` and choose the first code into ``next_code``."""
 
     @abstractmethod
     def _advance_talker(self, r: ReplyState, code: int) -> None:
-        """Keep the step's ``code`` (expanded to a frame where the family has several codebooks) in
-        ``r.codes`` and feed it with the next reply row; set ``talker_logits`` for the next code."""
+        """Keep the step's ``code`` (``r.next_code`` read on the host; expanded to a frame where the
+        family has several codebooks) in ``r.codes`` and feed it with the next reply row; choose the
+        next code into ``r.next_code``."""
+
+    # ------------------------------------------------------------------ decode steps (the runner's)
+    def _cache_arg(self, cache: KVCache, n: int) -> KVCache | KVSpan:
+        """What a decode step attends over with ``n`` valid positions: the whole cache for a CUDA graph
+        (one fixed shape), else exactly the first ``n`` (a fraction of the work on the CPU; marked
+        dynamic when compiled, so one compiled step serves every length)."""
+        mode = self.runner.mode
+        return cache if mode == "graphs" else cache.span(n, dynamic=mode == "compile")
+
+    @staticmethod
+    def _example(cache: KVCache, sampler: Sampler, extra: tuple = ()) -> tuple:
+        """Scratch inputs of a decode step's shapes for compiling it in the background: a private
+        16-position span shaped like ``cache`` and a sampler like ``sampler`` (nothing of the
+        conversation is touched)."""
+        scratch = Sampler(sampler.params, sampler.seen.shape[0], sampler.seen.device, torch.Generator(sampler.seen.device))
+        scratch.draw()
+        device = sampler.seen.device
+        token = torch.zeros(1, dtype=torch.long, device=device)
+        return (KVSpan.scratch(cache, 16, dynamic=True), scratch, token, *extra,
+                torch.full((1,), 3, dtype=torch.long, device=device))
+
+    def _thinker_decode(self, cache, sampler: Sampler, token: torch.Tensor, input_pos: torch.Tensor):
+        """The thinker's decode step: reply token [1] at input_pos [1] -> (hidden [H], talker row [W],
+        the next token [1] chosen and marked in ``sampler``)."""
+        hidden, row = self._decode_thinker(self.thinker.embed_tokens(token), cache, input_pos)
+        nxt = sample(self.thinker.logits(hidden[-1]), sampler.params, sampler.seen, sampler.noise, sampler.suppress)
+        sampler.mark(nxt)
+        return hidden[-1], row[-1], nxt
 
     def _unread_context(self) -> torch.Tensor:
         """The talker rows of prompt positions ``[talker_context, prompt_end)`` it reads, i.e. what
@@ -533,13 +597,14 @@ class ThinkerTalkerExecutor(Executor):
     def start_reply(self, voice: str | None = None, seed: int = 0) -> None:
         # one generator per stage: their draws do not depend on how the stages interleave
         # (the family's talker takes seed + 1)
-        text_gen = torch.Generator(device=self.device).manual_seed(seed)
-        text_sampler = Sampler(self.thinker_sampling, self.thinker.lm_head.out_features, self.device, text_gen)
+        text_sampler = self.text_sampler
+        text_sampler.generator.manual_seed(seed)
+        text_sampler.reset()
         text_sampler.observe(self.ids)
         r = self.reply_state(text_sampler=text_sampler, feed=ReplyFeed(*self._feed_ends()))
         self._start_speech(r, voice, seed)
         self._reply = r
-        r.next_token = text_sampler.choose(self.thinker.logits(self._last_hidden))
+        r.next_token = text_sampler.pick(self.thinker.logits(self._last_hidden))
 
     @property
     def thinker_done(self) -> bool:
@@ -566,25 +631,27 @@ class ThinkerTalkerExecutor(Executor):
         r = self._reply
         if r is None or r.thinker_done:
             return None
-        token = r.next_token
+        token = int(r.next_token)  # the step's one host sync: the token chosen by the last step
         r.text.append(token)
         if token in self.stop_ids or len(r.text) >= self.max_reply_tokens \
                 or self.thinker_cache.length + 1 > self.capacity:
             r.thinker_done = True
             r.feed.finish()
             return token
-        start = self.thinker_cache.length
-        t = torch.tensor([token], dtype=torch.long, device=self.device)
-        hidden, rows, used = self._forward_thinker(t, self.thinker.embed_tokens.weight[token][None])
-        self.context_rows[start] = rows[0]
-        self.context_used[start] = used[0]
+        start = self.thinker_cache.reserve(1)
+        self._pos.fill_(start)
+        r.text_sampler.draw()
+        hidden, row, r.next_token = self._thinker_decode_step(
+            self._cache_arg(self.thinker_cache, start + 1), r.text_sampler, r.next_token, self._pos)
+        self.thinker_cache.length = start + 1
+        self.context_rows[start] = row
+        self.context_used[start] = self._decode_used(token)
         self.ids.append(token)
-        self._last_hidden = hidden[-1]
+        self._last_hidden = hidden
         if r.first_vector is None:  # the talker's prefill ends with it
-            r.first_vector = rows[0]
+            r.first_vector = row
         else:
-            r.feed.push(rows[0])
-        r.next_token = r.text_sampler.choose(self.thinker.logits(hidden[-1]))
+            r.feed.push(row)
         return token
 
     def talker_step(self) -> int | None:
@@ -593,15 +660,15 @@ class ThinkerTalkerExecutor(Executor):
         r = self._reply
         if r is None or r.talker_done:
             return None
-        if r.talker_logits is None:
+        if r.next_code is None:
             if r.first_vector is None:
                 if r.thinker_done:  # the text ended before any reply token: nothing to say
                     r.talker_done = True
                 return None
             self._start_talker()
-        if not r.feed.ready:  # the thinker is behind: wait before choosing (keeps sampling order fixed)
+        if not r.feed.ready:  # the thinker is behind: wait for the row this code is fed with
             return None
-        code = r.codec_sampler.choose(r.talker_logits)
+        code = int(r.next_code)  # the step's one host sync
         if code in self.talker_stop_ids or len(r.codes) >= self.max_codec_tokens:
             r.talker_done = True
             return None

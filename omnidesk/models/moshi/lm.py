@@ -44,13 +44,15 @@ def _gated_silu(h: torch.Tensor) -> torch.Tensor:
 # ---------------------------------------------------------------- caches
 
 class DepformerCache:
-    """Keys and values of the depformer's steps inside one frame ([layers, k|v, heads, dep_q, head_dim]).
+    """Keys and values of the depformer's steps inside one frame (per layer [k|v, heads, dep_q, head_dim]).
 
-    Step k writes slot k and reads slots 0..k, so nothing needs clearing between frames."""
+    Step k writes slot k and reads slots 0..k, so nothing needs clearing between frames.  One tensor
+    per layer, as the KV caches (omnidesk.models.kv_cache: a compiled step writes them in place)."""
 
     def __init__(self, num_layers: int, num_heads: int, head_dim: int, steps: int,
                  dtype: torch.dtype, device: torch.device | str):
-        self.kv = torch.zeros((num_layers, 2, num_heads, steps, head_dim), dtype=dtype, device=device)
+        self.kv = [torch.zeros((2, num_heads, steps, head_dim), dtype=dtype, device=device)
+                   for _ in range(num_layers)]
 
 
 # ---------------------------------------------------------------- temporal transformer

@@ -98,10 +98,12 @@ class Attention(nn.Module):
         # Grouped-query attention without repeating K/V: the query heads that
         # share a KV head become extra query rows of that head.
         qg = q.reshape(1, self.n_kv, self.group * t, self.head_dim)
-        if mask is None and x.device.type == "cpu":
+        if t == 1 and x.device.type == "cpu":
             # A one-token decode step: plain matmul-softmax-matmul.  The fused CPU
             # kernel costs ~1 ms of fixed overhead here, far more than the math.
             scores = torch.matmul(qg, keys.transpose(-1, -2)) * self.scale
+            if mask is not None:  # static shape: the positions after input_pos are not valid yet
+                scores = scores.masked_fill(~mask, float("-inf"))
             out = torch.matmul(scores.softmax(dim=-1, dtype=torch.float32).to(values.dtype), values)
         else:
             out = F.scaled_dot_product_attention(qg, keys, values, attn_mask=mask, scale=self.scale)
@@ -178,7 +180,8 @@ class Decoder(nn.Module):
     def forward_static(self, x: torch.Tensor, cache: KVCache, input_pos: torch.Tensor,
                        rope_positions: torch.Tensor | None = None) -> torch.Tensor:
         """Static-shape step: x [1, T, H] written at ``input_pos`` [T]; ``cache.length`` is left to the caller."""
-        valid = torch.arange(cache.capacity, device=x.device)[None, :] <= input_pos[:, None]
+        span = cache.k[0].shape[2]  # the capacity, or a shorter view of the cache (KVCache.span)
+        valid = torch.arange(span, device=x.device)[None, :] <= input_pos[:, None]
         mask = valid.repeat(self.group, 1)
         if rope_positions is None:
             cos, sin = self.rotary.table(cache.capacity, x.dtype)

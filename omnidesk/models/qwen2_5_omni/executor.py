@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from ...engine.executor import stage
-from ..sampling import Sampler, SamplingParams
+from ..sampling import Sampler, SamplingParams, sample
 from ..thinker_talker import DEFAULT_CHARS_PER_SECOND, ReplyState, ThinkerTalkerExecutor, generation_defaults
 from .loading import OmniStack
 from .reply import SPEECH_SYSTEM_PROMPT, talker_defaults, thinker_stop_ids
@@ -42,11 +42,13 @@ class QwenReply(ReplyState):
 
 class QwenOmniExecutor(ThinkerTalkerExecutor):
     reply_state = QwenReply
+    family = "qwen2_5_omni"
 
     def __init__(self, stack: OmniStack, capacity: int = 4096, max_reply_tokens: int = 512,
                  max_codec_tokens: int = 4096, system_prompt: str = SPEECH_SYSTEM_PROMPT,
                  thinker_sampling: SamplingParams | None = None, talker_sampling: SamplingParams | None = None,
-                 plan: StreamingPlan | None = None, chars_per_second: float = DEFAULT_CHARS_PER_SECOND):
+                 plan: StreamingPlan | None = None, chars_per_second: float = DEFAULT_CHARS_PER_SECOND,
+                 compile: str | None = None):
         if stack.talker is None:
             raise ValueError(f"{stack.path}: this checkpoint has no talker (enable_audio_output is false)")
         self.stack = stack
@@ -64,8 +66,14 @@ class QwenOmniExecutor(ThinkerTalkerExecutor):
         self.talker_width = self.cfg.thinker.text.hidden_size  # the talker reads thinker-space rows
         self.talker_cache = self.talker.new_cache(capacity + max_codec_tokens + 2)
         self._voice_cache: dict[str, object] = {}
+        tcfg = self.cfg.talker
+        # allocated once (re-seeded and cleared per reply) so a captured talker step keeps its buffers
+        self.codec_sampler = Sampler(self.talker_sampling, tcfg.decoder.vocab_size, stack.device,
+                                     torch.Generator(device=stack.device))
+        with torch.inference_mode(False):
+            self._talker_pos = torch.zeros(1, dtype=torch.long, device=stack.device)
         self._setup(capacity, max_reply_tokens, system_prompt, thinker_sampling or thinker_defaults(stack),
-                    chars_per_second)
+                    chars_per_second, compile)
 
     # ------------------------------------------------------------------ what the talker reads
     def _forward_thinker(self, ids, embeds):
@@ -73,6 +81,28 @@ class QwenOmniExecutor(ThinkerTalkerExecutor):
         is_audio = (ids == self.audio_token_id)[:, None]
         rows = hidden + embeds.masked_fill(is_audio, 0.0)
         return hidden, rows, torch.ones(ids.shape[0], dtype=torch.bool, device=self.device)
+
+    def _decode_thinker(self, embeds, cache, input_pos):
+        hidden = self.thinker.forward_static(embeds, cache, input_pos)
+        return hidden, hidden + embeds  # a reply token is text: its embedding counts
+
+    def _register_steps(self) -> None:
+        for decoder, cache in ((self.thinker.decoder, self.thinker_cache), (self.talker.decoder, self.talker_cache)):
+            decoder.rotary.table(cache.capacity, self.stack.dtype)  # grown here, not inside a compiled step
+        row = torch.zeros(self.talker_width, dtype=self.stack.dtype, device=self.device)
+        self._talker_decode_step = self.runner.step(
+            "talker", self._talker_decode,
+            lambda: self._example(self.talker_cache, self.codec_sampler, (row.clone(),)))
+
+    def _talker_decode(self, cache, sampler: Sampler, code: torch.Tensor, reply_row: torch.Tensor,
+                       input_pos: torch.Tensor) -> torch.Tensor:
+        """The talker's decode step: the last code [1] + the next reply row [W] at input_pos [1] -> the
+        next code [1], chosen and marked in ``sampler``."""
+        x = self.talker.codec_embed(code) + reply_row
+        logits = self.talker.forward_static(x, cache, input_pos)[-1]
+        nxt = sample(logits, sampler.params, sampler.seen, sampler.noise, sampler.suppress)
+        sampler.mark(nxt)
+        return nxt
 
     def _feed_ends(self):
         w, tcfg = self.thinker.embed_tokens.weight, self.cfg.talker
@@ -93,8 +123,9 @@ class QwenOmniExecutor(ThinkerTalkerExecutor):
         with stage("voice"):
             name, vcond = self._voice(voice)
         tcfg = self.cfg.talker
-        codec_gen = torch.Generator(device=self.device).manual_seed(seed + 1)
-        codec_sampler = Sampler(self.talker_sampling, tcfg.decoder.vocab_size, self.device, codec_gen)
+        codec_sampler = self.codec_sampler
+        codec_sampler.generator.manual_seed(seed + 1)
+        codec_sampler.reset()
         codec_sampler.observe([tcfg.codec_mask_id, tcfg.codec_pad_id, tcfg.codec_bos_id])
         r.voice, r.codec_sampler = name, codec_sampler
         r.bos_embed = self.thinker.embed_tokens.weight[self.stack.voices[name].bos_token]
@@ -112,10 +143,16 @@ class QwenOmniExecutor(ThinkerTalkerExecutor):
         logits = self.talker(torch.cat([new_rows, speech]), self.talker_cache)
         self.talker_context = self.prompt_end
         r.talker_logits = logits[-1]
+        r.next_code = r.codec_sampler.pick(r.talker_logits)
 
     def _advance_talker(self, r: "QwenReply", code: int) -> None:
         r.codes.append(code)
-        r.talker_logits = self.talker(self.talker.step_input(code, r.feed.next()), self.talker_cache)[-1]
+        start = self.talker_cache.reserve(1)
+        self._talker_pos.fill_(start)
+        r.codec_sampler.draw()
+        r.next_code = self._talker_decode_step(self._cache_arg(self.talker_cache, start + 1), r.codec_sampler,
+                                               r.next_code, r.feed.next(), self._talker_pos)
+        self.talker_cache.length = start + 1
 
     def vocoder_step(self, final: bool = False) -> list[np.ndarray]:
         r = self._reply
@@ -131,7 +168,7 @@ class QwenOmniExecutor(ThinkerTalkerExecutor):
 
 
 def executor_for(stack: OmniStack, greedy: bool = False, max_text_tokens: int | None = None,
-                 max_codec_tokens: int | None = None) -> QwenOmniExecutor:
+                 max_codec_tokens: int | None = None, compile: str | None = None) -> QwenOmniExecutor:
     """The executor every front end (talk, live, the window) uses for a loaded stack.
 
     The demo model rarely says "stop" (it is untrained), so its replies are capped
@@ -147,4 +184,4 @@ def executor_for(stack: OmniStack, greedy: bool = False, max_text_tokens: int | 
         limits["max_codec_tokens"] = max_codec_tokens
     return QwenOmniExecutor(
         stack, **limits, thinker_sampling=SamplingParams(greedy=True) if greedy else thinker_defaults(stack),
-        talker_sampling=talker_defaults(stack, greedy=greedy))
+        talker_sampling=talker_defaults(stack, greedy=greedy), compile=compile)

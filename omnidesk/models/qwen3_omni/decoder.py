@@ -262,7 +262,7 @@ class Attention(nn.Module):
         q = apply_rotary(self.q_norm(q.view(t, self.n_heads, self.head_dim)).transpose(0, 1), cos, sin)
         k = apply_rotary(self.k_norm(k.view(t, self.n_kv, self.head_dim)).transpose(0, 1), cos, sin)
         end = start + t
-        ck, cv = cache.k[self.layer_idx, 0], cache.v[self.layer_idx, 0]  # [n_kv, capacity, D]
+        ck, cv = cache.k[self.layer_idx][0], cache.v[self.layer_idx][0]  # [n_kv, capacity, D]
         ck[:, start:end] = k
         cv[:, start:end] = v.view(t, self.n_kv, self.head_dim).transpose(0, 1)
         keys, values = ck[:, :end], cv[:, :end]
