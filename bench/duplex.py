@@ -74,8 +74,6 @@ def time_stages(ex, inputs: np.ndarray, warmup: int) -> dict[str, list[float]]:
     sampling, the depformer, and the one host sync for the text token, as ``MoshiExecutor.step``
     does), Mimi decode (and the copy of the audio to the host).  Returns ms per stage and for the
     whole frame (wall clock) for the frames after ``warmup``."""
-    import torch
-
     device = ex.device
     clock = StageClock(device, 4)
     out_ms: dict[str, list[float]] = {"encode": [], "lm": [], "decode": [], "step": []}
@@ -86,13 +84,13 @@ def time_stages(ex, inputs: np.ndarray, warmup: int) -> dict[str, list[float]]:
         _sync(device)
         t0 = time.perf_counter()
         clock.mark()
-        codes = ex.mimi.encode_frame(torch.from_numpy(frame))
+        codes = ex.encode_audio(frame)
         clock.mark()
         out = ex.gen.step(codes)
         text = None if out is None else out.text_id  # the host sync, as the executor does
         clock.mark()
         if out is not None:
-            ex.mimi.decode_frame(out.audio).cpu().numpy()
+            ex.decode_audio(out.audio).cpu().numpy()
         clock.mark()
         _sync(device)  # a no-op after the audio's copy to the host; waits only while the delays fill
         t1 = time.perf_counter()
@@ -111,6 +109,9 @@ def main(argv=None) -> int:
     p.add_argument("--warmup", type=int, default=50)
     p.add_argument("--threads", type=int, help="torch intra-op threads (default: what load_moshi chooses)")
     p.add_argument("--greedy", action="store_true")
+    p.add_argument("--compile", choices=("auto", "off", "on"),
+                   help="the LM's frame step: 'on' compiles it (waited for before timing), 'off' runs it eagerly "
+                        "(default: what load_moshi picks, 'auto')")
     p.add_argument("--out", default="bench/results/duplex.json")
     args = p.parse_args(argv)
 
@@ -122,7 +123,10 @@ def main(argv=None) -> int:
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(args.model) if args.model else make_moshi_demo(Path(tmp) / "moshi-demo")
-        ex = load_moshi(root, greedy=args.greedy, seed=0)
+        ex = load_moshi(root, greedy=args.greedy, seed=0, compile=args.compile)
+    t0 = time.perf_counter()
+    ex.runner.wait_ready()  # a compiled step compiles in the background: time it once it runs
+    compile_wait_s = round(time.perf_counter() - t0, 2)
     if args.threads:
         torch.set_num_threads(args.threads)
     inputs = speech_like(args.warmup + args.frames, ex.sample_rate_in, ex.frame_samples_in)
@@ -146,6 +150,8 @@ def main(argv=None) -> int:
         "frames": args.frames, "warmup": args.warmup, "frame_ms": frame_ms,
         "step_ms": stats(step), "encode_ms": stats(enc), "lm_ms": stats(lm), "decode_ms": stats(dec),
         "executor_step_ms": stats(whole),
+        # how the LM's frame step ran (omnidesk/models/runner.py): calls per mode, compiles, recompiles
+        "runner": ex.runner.stats(), "compile_wait_s": compile_wait_s,
         "late_frames": int(sum(ms > frame_ms for ms in step)),
         "target_p50_ms": 20.0, "meets_target": stats(step)["p50"] <= 20.0,
     }

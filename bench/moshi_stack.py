@@ -12,9 +12,12 @@ built on the device in fp32, as the product runs it, and filled by
 (sampling from the config, seed 0, no text tokenizer: the step never decodes
 text), and its ``step`` - Mimi encode, temporal transformer, text sampling,
 the depformer's dep_q codebooks, Mimi decode, for one 80 ms frame - is timed
-on a voice-like test signal, the way the duplex engine calls it.
+on a voice-like test signal, the way the duplex engine calls it.  ``--compile``
+picks how the LM's frame step runs (the decode runner's mode: eager, compile,
+graphs); the JSON reports the mode and the runner's counts (calls per mode,
+compiles, recompiles, graphs captured, warm-up seconds).
 
-    python3 bench/moshi_stack.py --size 7b --device cuda --out bench/results/moshi_7b.json
+    python3 bench/moshi_stack.py --size 7b --device cuda --compile graphs --out bench/results/moshi_7b.json
     .venv/bin/python bench/moshi_stack.py --size demo --device cpu
     .venv/bin/python bench/moshi_stack.py --size 7b --device cpu --layers 1 --depformer-layers 1 --frames 5 --warmup 3
 """
@@ -51,6 +54,7 @@ from omnidesk.models.moshi.executor import (SMALL_MODEL_PARAMS, MoshiExecutor, c
 from omnidesk.models.moshi.lm import MoshiLM  # noqa: E402
 from omnidesk.models.moshi.mimi import DEMO as MIMI_DEMO  # noqa: E402
 from omnidesk.models.moshi.mimi import MIMI, Mimi, MimiConfig, init_random_  # noqa: E402
+from omnidesk.models.runner import MODES  # noqa: E402
 
 SIZES: dict[str, tuple[MoshiConfig, MimiConfig]] = {"7b": (MOSHI_7B, MIMI), "demo": (LM_DEMO, MIMI_DEMO)}
 TARGET_MS = {"7b": 40.0, "demo": 20.0}  # 7B on an H200: half a frame; the demo: duplex.py's target
@@ -70,8 +74,10 @@ def configs(size: str, layers: int | None = None, depformer_layers: int | None =
 
 @torch.no_grad()
 def build(lm_cfg: MoshiConfig, mimi_cfg: MimiConfig, device: str | torch.device = "cpu",
-          dtype: torch.dtype | None = None, context: int | None = None, seed: int = 0) -> MoshiExecutor:
-    """A ready MoshiExecutor with seeded random weights, every tensor made on ``device``.
+          dtype: torch.dtype | None = None, context: int | None = None, seed: int = 0,
+          mode: str = "eager") -> MoshiExecutor:
+    """A ready MoshiExecutor with seeded random weights, every tensor made on ``device``, its frame
+    step run in runner ``mode`` (eager, compile, graphs).
 
     The product's memory estimate is checked first: on CUDA against the free device memory
     (``check_fits``, as load_moshi does), on the CPU against the host's free memory."""
@@ -96,50 +102,148 @@ def build(lm_cfg: MoshiConfig, mimi_cfg: MimiConfig, device: str | torch.device 
     mimi.requires_grad_(False).eval()
     if dev.type == "cpu" and sum(p.numel() for p in lm.parameters()) < SMALL_MODEL_PARAMS:
         torch.set_num_threads(1)  # what load_moshi does for a model this small on the CPU
-    return MoshiExecutor(lm, mimi, tokenizer=None, sampling=lm_cfg.sampling, seed=seed, context=context)
+    # the runner mode named outright (not the user's auto/off/on setting): the bench compares modes
+    return MoshiExecutor(lm, mimi, tokenizer=None, sampling=lm_cfg.sampling, seed=seed, context=context,
+                         compile=mode)
+
+
+def _calls(ex: MoshiExecutor) -> dict[str, int]:
+    return dict(ex.runner.steps["moshi_frame"].stats.calls)
+
+
+def _error(e: BaseException) -> str:
+    return f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
 
 
 def run(size: str = "7b", device: str | None = None, dtype: str | None = None, frames: int = 250,
         warmup: int = 25, context: int | None = None, layers: int | None = None,
         depformer_layers: int | None = None, threads: int | None = None, stages: bool = True,
-        inference_mode_pass: bool = True) -> dict:
+        inference_mode_pass: bool = True, mode: str = "eager", out: Path | None = None) -> dict:
     """Build the stack and time ``frames`` frames of ``executor.step`` after ``warmup`` untimed ones,
     then (``stages``) the same frames again taken apart into encode / LM / decode, then
-    (``inference_mode_pass``) ``executor.step`` again inside ``torch.inference_mode``."""
+    (``inference_mode_pass``, eager only) ``executor.step`` again inside ``torch.inference_mode``.
+
+    The LM's frame step runs in runner ``mode``; compile mode waits for its compile before timing.
+    The JSON is written to ``out`` after every part, so a run cut off later still reports what it
+    measured; a part that fails is named under ``errors``.  If the step fails in a non-eager mode,
+    the runner is switched to eager and the step timed again (``fallback``)."""
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     dev = torch.device(device)
     torch_dtype = getattr(torch, dtype) if dtype else DEFAULT_DEVICE_DTYPE.get(dev.type, torch.float32)
     lm_cfg, mimi_cfg = configs(size, layers, depformer_layers)
     warmup = max(warmup, lm_cfg.max_delay + 1)  # no audio comes out while the delays fill: never timed
+    estimate = estimate_memory(lm_cfg, torch_dtype, context, mimi_cfg)
+    cores = os.cpu_count() or 1
+    result: dict = {
+        "size": size,
+        "device": str(dev),
+        "device_name": torch.cuda.get_device_name(dev) if dev.type == "cuda" else (platform.processor()
+                                                                                  or platform.machine()),
+        "dtype": str(torch_dtype).removeprefix("torch."),
+        "mimi_dtype": "float32",
+        "mode": mode,
+        "config": {"dim": lm_cfg.dim, "num_layers": lm_cfg.num_layers, "num_heads": lm_cfg.num_heads,
+                   "depformer_dim": lm_cfg.depformer_dim, "depformer_num_layers": lm_cfg.depformer_num_layers,
+                   "text_card": lm_cfg.text_card, "n_q": lm_cfg.n_q, "dep_q": lm_cfg.dep_q, "card": lm_cfg.card,
+                   "mimi_d_model": mimi_cfg.transformer.d_model, "mimi_layers": mimi_cfg.transformer.num_layers,
+                   # True when --layers / --depformer-layers cut the stack: not the real model's step
+                   "layers_overridden": bool(layers or depformer_layers)},
+        # numbers in the checkpoint files these shapes would have (Mimi's codebooks included)
+        "params": {"lm": estimate.lm_params, "mimi": estimate.mimi_params},
+        "frames": frames, "warmup": warmup,
+        "errors": {},
+    }
+
+    def save() -> None:
+        if out is not None:
+            out.write_text(json.dumps(result, indent=2))
+
+    save()
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats(dev)
     load_before = os.getloadavg()
     t0 = time.perf_counter()
-    ex = build(lm_cfg, mimi_cfg, dev, torch_dtype, context)
+    try:
+        ex = build(lm_cfg, mimi_cfg, dev, torch_dtype, context, mode=mode)
+    except BaseException as e:  # SystemExit too (it does not fit): the JSON says why there are no figures
+        result["errors"]["build"] = _error(e)
+        save()
+        raise
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)
-    build_s = time.perf_counter() - t0
+    result["build_s"] = round(time.perf_counter() - t0, 2)
+    t0 = time.perf_counter()
+    ex.runner.wait_ready()  # compile mode: the step compiles in the background from the executor's start
+    result["compile_wait_s"] = round(time.perf_counter() - t0, 2)
     if threads:
         torch.set_num_threads(threads)
     after_build = torch.cuda.memory_allocated(dev) if dev.type == "cuda" else None
-
-    inputs = speech_like(warmup + frames, ex.sample_rate_in, ex.frame_samples_in)
-    step, _ = time_steps(ex, inputs, warmup, ex.device)
-    staged = time_stages(ex, inputs, warmup) if stages else None
-    last = ex.step(inputs[-1])  # one more frame, untimed: is what comes out sane (random weights: noise)?
-    output = {"audio_finite": bool(np.isfinite(last.audio).all()),
-              "audio_rms": round(float(np.sqrt(np.mean(np.square(last.audio, dtype=np.float64)))), 6),
-              "audio_samples": int(last.audio.shape[0]), "text_token": last.text_token,
-              "text_logits_finite": bool(torch.isfinite(ex.gen.text_logits).all())}
-    if inference_mode_pass:  # not the product's call: what running the engine's step in inference_mode would give
-        with torch.inference_mode():
-            step_im, _ = time_steps(ex, inputs, warmup, ex.device)
-    load_after = os.getloadavg()
-
     frame_ms = 1e3 * ex.frame_samples_in / ex.sample_rate_in
     target = TARGET_MS[size]
+    result.update({
+        "context": ex.gen.cache.capacity,
+        "context_s": round(ex.gen.cache.capacity * frame_ms / 1e3, 2),
+        "sampling": {"greedy": ex.sampling.greedy, "text_top_k": ex.sampling.text_top_k,
+                     "audio_top_k": ex.sampling.audio_top_k, "seed": ex.seed},
+        "frame_ms": frame_ms, "target_p50_ms": target, "runner": ex.runner.stats(),
+    })
+    save()
+
+    inputs = speech_like(warmup + frames, ex.sample_rate_in, ex.frame_samples_in)
+    before = _calls(ex)
+    try:
+        step, _ = time_steps(ex, inputs, warmup, ex.device)
+    except Exception as e:  # noqa: BLE001 - named in the JSON; the eager figures still come
+        if mode == "eager":
+            raise
+        result["errors"]["step"] = _error(e)
+        result["fallback"] = "eager"
+        save()
+        ex.runner.mode = "eager"  # the runner's one switch: every step runs its plain function from now on
+        before = _calls(ex)
+        step, _ = time_steps(ex, inputs, warmup, ex.device)
     step_stats = stats(step)
-    estimate = estimate_memory(lm_cfg, torch_dtype, context, mimi_cfg)
+    result.update({
+        "step_ms": step_stats,
+        # calls of the frame step per mode in that pass (warm-up frames included): what actually ran
+        "step_calls": {m: n - before[m] for m, n in _calls(ex).items()},
+        "late_frames": int(sum(ms > frame_ms for ms in step)),
+        "meets_target": step_stats["p50"] <= target,
+        "runner": ex.runner.stats(), "decode": ex.runner.describe(),
+    })
+    save()
+
+    if stages:
+        try:
+            staged = time_stages(ex, inputs, warmup)
+            result["stages_ms"] = {
+                "timer": "cuda events between stage marks" if dev.type == "cuda" else "perf_counter",
+                "encode": stats(staged["encode"]), "lm": stats(staged["lm"]), "decode": stats(staged["decode"]),
+                "step": stats(staged["step"])}
+        except Exception as e:  # noqa: BLE001
+            result["errors"]["stages"] = _error(e)
+        save()
+    try:
+        last = ex.step(inputs[-1])  # one more frame, untimed: is what comes out sane (random weights: noise)?
+        result["output"] = {
+            "audio_finite": bool(np.isfinite(last.audio).all()),
+            "audio_rms": round(float(np.sqrt(np.mean(np.square(last.audio, dtype=np.float64)))), 6),
+            "audio_samples": int(last.audio.shape[0]), "text_token": last.text_token,
+            "text_logits_finite": bool(torch.isfinite(ex.gen.text_logits).all())}
+    except Exception as e:  # noqa: BLE001
+        result["errors"]["output"] = _error(e)
+    # Not the product's call: what running the engine's step in inference_mode would give.  Eager
+    # only: a compiled step guards on the grad mode (it would recompile) and a graph replay ignores it.
+    result["step_ms_inference_mode"] = None
+    if inference_mode_pass and ex.runner.mode == "eager":
+        try:
+            with torch.inference_mode():
+                step_im, _ = time_steps(ex, inputs, warmup, ex.device)
+            result["step_ms_inference_mode"] = stats(step_im)
+        except Exception as e:  # noqa: BLE001
+            result["errors"]["inference_mode"] = _error(e)
+    load_after = os.getloadavg()
+
     memory = {"estimate_gb": round(estimate.total / GB, 3),  # the product's check_fits estimate
               "estimate_weights_gb": round(estimate.weights / GB, 3),
               "estimate_kv_cache_gb": round(estimate.kv_cache / GB, 3),
@@ -150,56 +254,32 @@ def run(size: str = "7b", device: str | None = None, dtype: str | None = None, f
         memory.update(allocated_after_build_gb=round(after_build / GB, 3),
                       max_allocated_gb=round(torch.cuda.max_memory_allocated(dev) / GB, 3),
                       max_reserved_gb=round(torch.cuda.max_memory_reserved(dev) / GB, 3))
-    cores = os.cpu_count() or 1
-    cfg = ex.cfg
-    result = {
-        "size": size,
-        "device": str(dev),
-        "device_name": torch.cuda.get_device_name(dev) if dev.type == "cuda" else (platform.processor()
-                                                                                  or platform.machine()),
-        "dtype": str(torch_dtype).removeprefix("torch."),
-        "mimi_dtype": "float32",
-        "config": {"dim": cfg.dim, "num_layers": cfg.num_layers, "num_heads": cfg.num_heads,
-                   "depformer_dim": cfg.depformer_dim, "depformer_num_layers": cfg.depformer_num_layers,
-                   "text_card": cfg.text_card, "n_q": cfg.n_q, "dep_q": cfg.dep_q, "card": cfg.card,
-                   "mimi_d_model": mimi_cfg.transformer.d_model, "mimi_layers": mimi_cfg.transformer.num_layers,
-                   # True when --layers / --depformer-layers cut the stack: not the real model's step
-                   "layers_overridden": bool(layers or depformer_layers)},
-        # numbers in the checkpoint files these shapes would have (Mimi's codebooks included)
-        "params": {"lm": sum(p.numel() for p in ex.lm.parameters()), "mimi": estimate.mimi_params},
-        "context": ex.gen.cache.capacity,
-        "context_s": round(ex.gen.cache.capacity * frame_ms / 1e3, 2),
-        "sampling": {"greedy": ex.sampling.greedy, "text_top_k": ex.sampling.text_top_k,
-                     "audio_top_k": ex.sampling.audio_top_k, "seed": ex.seed},
-        "frames": frames, "warmup": warmup, "frame_ms": frame_ms,
-        "step_ms": step_stats,
-        "late_frames": int(sum(ms > frame_ms for ms in step)),
-        "target_p50_ms": target, "meets_target": step_stats["p50"] <= target,
-        "stages_ms": None if staged is None else {
-            "timer": "cuda events between stage marks" if dev.type == "cuda" else "perf_counter",
-            "encode": stats(staged["encode"]), "lm": stats(staged["lm"]), "decode": stats(staged["decode"]),
-            "step": stats(staged["step"])},
-        # executor.step inside torch.inference_mode (the engine runs it under no_grad only)
-        "step_ms_inference_mode": stats(step_im) if inference_mode_pass else None,
-        "output": output,
+    how = {"eager": "The frame step runs eagerly (no torch.compile, no CUDA graphs).",
+           "compile": "The LM's frame step runs torch.compile'd (fullgraph), compiled before timing "
+                      "(compile_wait_s); Mimi stays eager.",
+           "graphs": "The LM's frame step (temporal transformer, text choice, the depformer's dep_q "
+                     "sub-steps) replays one captured CUDA graph per frame, and Mimi's encode and decode one "
+                     "each (each captured at its second call, in the warm-up)."}[mode]
+    result.update({
+        "runner": ex.runner.stats(), "decode": ex.runner.describe(),
         "memory": memory,
-        "build_s": round(build_s, 2),
         "machine": {"torch": torch.__version__, "cuda": torch.version.cuda, "threads": torch.get_num_threads(),
                     "cores": cores, "loadavg_before": [round(x, 2) for x in load_before],
                     "loadavg_after": [round(x, 2) for x in load_after]},
         "method": (
             f"step_ms: wall clock of MoshiExecutor.step (the duplex engine's call) per frame, {frames} frames "
-            f"after {warmup} untimed warm-up frames (the first {cfg.max_delay} produce no audio while the "
-            "LM's delays fill; CUDA/cuBLAS start-up costs fall in the warm-up); the device is synchronised "
-            "between frames only, the step's own syncs are the text token and the audio copied to the host. "
-            "Eager PyTorch, no CUDA graphs, no torch.compile. stages_ms: a second pass over the same frames "
-            "with the step taken apart (encode, LM incl. the text token's sync, decode incl. the audio's copy "
-            "to the host); its step is that pass's wall clock. step_ms_inference_mode: a third pass of "
-            "executor.step inside torch.inference_mode - not how the engine calls it (no_grad only), what "
-            "that would gain. The temporal attention always spans the whole context (a fixed-shape ring "
-            "with a mask), so a frame costs the same early and late in a conversation. Random weights: the "
-            "output is noise, the cost is the real one for these shapes."),
-    }
+            f"after {warmup} untimed warm-up frames (the first {lm_cfg.max_delay} produce no audio while the "
+            "LM's delays fill; CUDA/cuBLAS start-up costs and graph capture fall in the warm-up); the device "
+            "is synchronised between frames only, the step's own syncs are the text token and the audio "
+            f"copied to the host. {how} stages_ms: a second pass over the same frames with the step taken "
+            "apart (encode, LM incl. the text token's sync, decode incl. the audio's copy to the host); its "
+            "step is that pass's wall clock. step_ms_inference_mode: a third pass of executor.step inside "
+            "torch.inference_mode (eager runs only) - not how the engine calls it (no_grad only), what that "
+            "would gain. The temporal attention always spans the whole context (a fixed-shape ring with a "
+            "mask), so a frame costs the same early and late in a conversation. Random weights: the output "
+            "is noise, the cost is the real one for these shapes."),
+    })
+    save()
     return result
 
 
@@ -218,18 +298,23 @@ def main(argv=None) -> int:
     p.add_argument("--no-stages", dest="stages", action="store_false", help="skip the per-stage pass")
     p.add_argument("--no-inference-mode-pass", dest="inference_mode_pass", action="store_false",
                    help="skip the pass of executor.step inside torch.inference_mode")
-    p.add_argument("--out", help="JSON file (default bench/results/moshi_<size>.json)")
+    p.add_argument("--compile", choices=MODES, default="eager",
+                   help="how the LM's frame step runs: eager, compile (torch.compile) or graphs (CUDA graphs, "
+                        "CUDA only) (default eager)")
+    p.add_argument("--out", help="JSON file (default bench/results/moshi_<size>.json), written after every part")
     args = p.parse_args(argv)
     if args.frames < 1 or args.warmup < 0:
         p.error("--frames must be >= 1 and --warmup >= 0")
-    result = run(size=args.size, device=args.device, dtype=args.dtype, frames=args.frames, warmup=args.warmup,
-                 context=args.context, layers=args.layers, depformer_layers=args.depformer_layers,
-                 threads=args.threads, stages=args.stages, inference_mode_pass=args.inference_mode_pass)
-    text = json.dumps(result, indent=2)
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if args.compile == "graphs" and torch.device(device).type != "cuda":
+        p.error("--compile graphs needs a CUDA device (use compile or eager on the CPU)")
     out = Path(args.out or HERE / "results" / f"moshi_{args.size}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(text)
-    print(text)
+    result = run(size=args.size, device=device, dtype=args.dtype, frames=args.frames, warmup=args.warmup,
+                 context=args.context, layers=args.layers, depformer_layers=args.depformer_layers,
+                 threads=args.threads, stages=args.stages, inference_mode_pass=args.inference_mode_pass,
+                 mode=args.compile, out=out)
+    print(json.dumps(result, indent=2))
     return 0
 
 

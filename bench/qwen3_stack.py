@@ -16,16 +16,18 @@ real ids; the rest come in the demo's order) and the real chat template.  The
 config's token ids (audio placeholder, tts pad/bos/eos, roles, ...) are pointed
 at the stand-in's ids before the config is parsed (``ids_overridden`` in the
 JSON lists each change); every size, and every codec id of the talker, is the
-file's.  Then the product's executor runs on it.
+file's.  Then the product's executor runs on it, its decode steps through the decode
+runner in the mode ``--compile`` names (eager, compile, graphs).
 
-    python3 bench/qwen3_stack.py --device cuda --out bench/results/qwen3_30b_a3b.json      # what gpu.sh runs
-    .venv/bin/python bench/qwen3_stack.py --config DEMO/config.json --device cpu              # the demo's shapes
+    python3 bench/qwen3_stack.py --device cuda --compile graphs --out OUT.json    # what gpu.sh runs (eager, graphs)
+    .venv/bin/python bench/qwen3_stack.py --config DEMO/config.json --device cpu  # the demo's shapes
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import os
 import platform
@@ -35,6 +37,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
@@ -51,11 +54,12 @@ from omnidesk.models.memory import available_ram  # noqa: E402
 from omnidesk.models.qwen2_5_omni.tokenizer import Tokenizer, write_tokenizer_files  # noqa: E402
 from omnidesk.models.qwen3_omni.config import Qwen3OmniConfig  # noqa: E402
 from omnidesk.models.qwen3_omni.demo import MEDIA, PREPROCESSOR, ROLE_CORPUS, SPECIAL_TOKENS, TEMPLATE  # noqa: E402
-from omnidesk.models.qwen3_omni.executor import Qwen3OmniExecutor, predictor_defaults, talker_defaults  # noqa: E402
+from omnidesk.models.qwen3_omni.executor import Qwen3OmniExecutor, talker_defaults  # noqa: E402
 from omnidesk.models.qwen3_omni.loading import Qwen3OmniModel, Qwen3OmniStack  # noqa: E402
 from omnidesk.models.qwen3_omni.memory import check_fits, estimate_memory  # noqa: E402
 from omnidesk.models.random_init import init_module_  # noqa: E402
-from omnidesk.models.sampling import Sampler, SamplingParams  # noqa: E402
+from omnidesk.models.runner import MODES  # noqa: E402
+from omnidesk.models.sampling import SamplingParams  # noqa: E402
 from omnidesk.models.turn_bench import realtime_latency, stage_rates, synthetic_utterance  # noqa: E402
 
 DEFAULT_CONFIG = ROOT / "tests" / "data" / "qwen3_omni" / "config.json"
@@ -184,133 +188,110 @@ def _endless(params: SamplingParams, ids: tuple[int, ...]) -> SamplingParams:
     return dataclasses.replace(params, suppress_ids=tuple(sorted(set(params.suppress_ids) | set(ids))))
 
 
-def time_thinker(stack: Qwen3OmniStack, prompt: int, steps: int, warmup: int, seed: int) -> dict:
-    """Prefill of ``prompt`` random text ids into a fresh cache (median of 3 after one untimed), then
-    ``warmup`` untimed and ``steps`` timed greedy decode steps, each as the executor's thinker_step
-    runs the model: the thinker over one input row with the talker's hidden layer, the row's talker
-    projection, the LM head in fp32, argmax and int() (the host sync)."""
+def time_prefill(stack: Qwen3OmniStack, prompt: int, seed: int) -> dict:
+    """Prefill of ``prompt`` random text ids into a fresh cache as ``_forward_thinker`` runs it (the
+    thinker with the talker's hidden layer, the rows' talker projection, the last logits in fp32),
+    median of 3 after one untimed."""
     dev, th, talker = stack.device, stack.thinker, stack.talker
     layer = stack.config.talker.accept_hidden_layer
     text_ids = stack.config.im_start_id - 1  # every id below the specials is text
-    g = torch.Generator(device=dev).manual_seed(seed)
-    ids = torch.randint(0, text_ids, (prompt,), generator=g, device=dev)
-    cache = th.new_cache(prompt + warmup + steps + 8)
-    prefill = []
-    token = 0
+    ids = torch.randint(0, text_ids, (prompt,), generator=torch.Generator(device=dev).manual_seed(seed), device=dev)
+    cache = th.new_cache(prompt + 8)
+    times = []
     for i in range(4):
         cache.reset()
         t0 = _now(dev)
         embeds = th.embed(ids)
         hidden, _ = th(embeds, cache, hidden_layer=layer)
-        talker.text_projection(embeds)  # the talker's rows of the prompt (the executor makes them too)
+        talker.text_projection(embeds)
         logits = th.logits(hidden[-1])
-        token = int(logits.argmax())
+        t1 = _now(dev)
         if i:
-            prefill.append((_now(dev) - t0) * 1e3)
-    finite = bool(torch.isfinite(logits).all())
+            times.append((t1 - t0) * 1e3)
+    return {"prompt_tokens": prompt, "prefill_ms": round(statistics.median(times), 3),
+            "prefill_ms_all": [round(x, 3) for x in times], "logits_finite": bool(torch.isfinite(logits).all())}
+
+
+def make_executor(stack: Qwen3OmniStack, mode: str, thinker_sampling: SamplingParams | None = None,
+                  **limits) -> Qwen3OmniExecutor:
+    """The product's executor with its decode steps in ``mode``; greedy text (``thinker_sampling``'s
+    choice, greedy by default) and the product's talker sampling, both with their stop ids suppressed
+    so every timed reply runs its full length; compile mode waits for its background compile."""
+    text = thinker_sampling or SamplingParams(greedy=True)
+    ex = Qwen3OmniExecutor(stack, **limits, compile=mode, thinker_sampling=_endless(text, _stop_ids(stack)),
+                           talker_sampling=_endless(talker_defaults(stack), (stack.config.talker.codec_eos_id,)))
+    ex.runner.wait_ready()
+    return ex
+
+
+def time_decode(ex: Qwen3OmniExecutor, audio: np.ndarray, tokens: int, frames: int, warmup: int, seed: int) -> dict:
+    """The decode steps as the engine calls them, through the executor's decode runner: after one user
+    turn (the utterance), ``warmup`` untimed then ``tokens`` timed ``thinker_step`` calls (each the
+    runner's thinker step + reading its token: one whole step), then, the text done, ``warmup`` untimed
+    then ``frames`` timed ``talker_step`` calls (one 80 ms frame each: the runner's ``talker_frame`` step,
+    i.e. the code predictor's G-1 sub-steps and the talker's step, + the frame's one host sync), each
+    followed by ``vocoder_step`` (code2wav's push of that frame, incl. the copy to the host).  The
+    device is synchronised around every timed call."""
+    dev = ex.device
+    ex.reset_conversation()
+    ex.begin_user_turn()
+    ex.add_user_audio(audio)
+    ex.end_user_turn()
+    context = ex.thinker_cache_length
+    ex.start_reply(seed=seed)
     step_ms = []
-    for i in range(warmup + steps):
+    for i in range(warmup + tokens):
         t0 = _now(dev)
-        row = th.embed_tokens.weight[token][None]
-        hidden, _ = th(row, cache, hidden_layer=layer)
-        talker.text_projection(row)
-        logits = th.logits(hidden[-1])
-        token = int(logits.argmax())
+        ex.thinker_step()
         t1 = _now(dev)
         if i >= warmup:
             step_ms.append((t1 - t0) * 1e3)
-    finite = finite and bool(torch.isfinite(logits).all())
-    s = stats(step_ms)
-    return {"prompt_tokens": prompt, "prefill_ms": round(statistics.median(prefill), 3),
-            "prefill_ms_all": [round(x, 3) for x in prefill], "decode_steps": steps, "warmup_steps": warmup,
-            "step_ms": s, "tokens_per_s": round(1e3 / s["mean"], 2), "context_after": cache.length,
-            "logits_finite": finite}
-
-
-def time_talker(stack: Qwen3OmniStack, frames: int, warmup: int, seed: int, context_rows: int = 64) -> dict:
-    """Per 80 ms frame, as the executor's talker_step runs it: code 0 chosen from the talker's
-    logits (its sampling: top-k 50, temperature 0.9, repetition penalty, control ids suppressed;
-    end-of-speech too here, so the frames never stop), the code predictor's G-1 steps (its own
-    sampler), the frame's code embeddings + the next text row, one talker step.  The talker
-    cache holds ``context_rows`` projected rows + the reply header's 9 first."""
-    dev, th, talker, tcfg = stack.device, stack.thinker, stack.talker, stack.config.talker
-    g = torch.Generator(device=dev).manual_seed(seed)
-    text_ids = stack.config.im_start_id - 1
-    rows = talker.text_projection(th.embed_tokens.weight[
-        torch.randint(0, text_ids, (context_rows + 9 + warmup + frames,), generator=g, device=dev)])
-    cache = talker.new_cache(context_rows + 9 + warmup + frames + 8)
-    hidden, logits = talker(rows[:context_rows + 9], cache)
-    hidden, logits = hidden[-1], logits[-1]
-    feed = rows[context_rows + 9:]
-    codec = Sampler(_endless(talker_defaults(stack), (tcfg.codec_eos_id,)), tcfg.text.vocab_size, dev,
-                    torch.Generator(device=dev).manual_seed(seed + 1))
-    predictor = Sampler(predictor_defaults(), talker.code_predictor.vocab_size, dev,
-                        torch.Generator(device=dev).manual_seed(seed + 2))
-    frame_ms, talker_ms, predictor_ms = [], [], []
-    codes: list[int] = []
+    while not ex.thinker_done:
+        ex.thinker_step()
+    logits_finite = bool(torch.isfinite(ex.thinker.logits(ex._last_hidden)).all())
+    frame_ms, push_ms, parts = [], [], []
     for i in range(warmup + frames):
         t0 = _now(dev)
-        code0 = codec.choose(logits)  # int(): a host sync
-        t1 = time.perf_counter()
-        codes = talker.code_predictor.expand(hidden, code0, talker, lambda lg, group: predictor.choose(lg))
-        predictor.reset()
-        t2 = time.perf_counter()  # the last code's int() synced
-        step_input = talker.frame_embedding(codes) + feed[i]
-        h, lg = talker(step_input[None], cache)
-        hidden, logits = h[-1], lg[-1]
-        t3 = _now(dev)
+        code = ex.talker_step()
+        t1 = _now(dev)
+        chunks = ex.vocoder_step()
+        t2 = _now(dev)
+        if code is None:
+            raise RuntimeError(f"the talker stopped after {len(ex.reply_codec_frames)} frames (limit too low?)")
         if i >= warmup:
-            frame_ms.append((t3 - t0) * 1e3)
-            predictor_ms.append((t2 - t1) * 1e3)
-            talker_ms.append((t1 - t0 + t3 - t2) * 1e3)
-    s = stats(frame_ms)
-    return {"frames": frames, "warmup": warmup, "context_rows": context_rows + 9,
-            "code_groups": tcfg.num_code_groups, "code_predictor_steps": tcfg.num_code_groups - 1,
-            "frame_ms": s, "talker_ms": stats(talker_ms), "predictor_ms": stats(predictor_ms),
-            "frame_budget_ms": FRAME_BUDGET_MS, "late_frames": int(sum(ms > FRAME_BUDGET_MS for ms in frame_ms)),
-            "x_realtime": round(FRAME_BUDGET_MS / s["mean"], 2),
-            "target_p50_ms": TALKER_TARGET_MS, "meets_target": s["p50"] <= TALKER_TARGET_MS,
-            "last_codes": codes, "logits_finite": bool(torch.isfinite(logits).all())}
+            frame_ms.append((t1 - t0) * 1e3)
+            push_ms.append((t2 - t1) * 1e3)
+            parts += chunks
+    last = ex.reply_codec_frames[-1]
+    hidden_finite = bool(torch.isfinite(ex._reply.talker_hidden).all())
+    ex.interrupt(0)
+    s, audio_out = stats(frame_ms), np.concatenate(parts)
+    c2w = ex.code2wav
+    thinker = {"context_tokens": context, "decode_steps": tokens, "warmup_steps": warmup, "step_ms": stats(step_ms),
+               "tokens_per_s": round(1e3 / stats(step_ms)["mean"], 2), "logits_finite": logits_finite}
+    talker = {"frames": frames, "warmup": warmup, "code_groups": len(last), "code_predictor_steps": len(last) - 1,
+              "frame_ms": s, "frame_budget_ms": FRAME_BUDGET_MS,
+              "late_frames": int(sum(ms > FRAME_BUDGET_MS for ms in frame_ms)),
+              "x_realtime": round(FRAME_BUDGET_MS / s["mean"], 2), "target_p50_ms": TALKER_TARGET_MS,
+              "meets_target": s["p50"] <= TALKER_TARGET_MS, "last_codes": last, "hidden_finite": hidden_finite}
+    code2wav = {"frames": frames, "warmup": warmup, "samples_per_frame": c2w.samples_per_frame,
+                "sliding_window": c2w.cfg.sliding_window, "push_ms": stats(push_ms),
+                "x_realtime": round(FRAME_BUDGET_MS / float(np.mean(push_ms)), 2),
+                "audio_samples": int(audio_out.size), "audio_finite": bool(np.isfinite(audio_out).all()),
+                "audio_rms": round(float(np.sqrt(np.mean(np.square(audio_out, dtype=np.float64)))), 6)}
+    return {"thinker": thinker, "talker": talker, "code2wav": code2wav}
 
 
-def time_code2wav(stack: Qwen3OmniStack, frames: int, warmup: int, seed: int) -> dict:
-    """One stream push per frame, as the executor's vocoder_step does it: the frame's codes to a
-    tensor on the device, push, the samples copied to the host (its sync)."""
-    dev, c2w = stack.device, stack.code2wav
-    cfg = c2w.cfg
-    rng = np.random.default_rng(seed)
-    codes = rng.integers(0, cfg.codebook_size, (warmup + frames, cfg.num_quantizers)).tolist()
-    stream = c2w.stream()
-    push_ms, parts = [], []
-    for i, frame in enumerate(codes):
-        t0 = _now(dev)
-        wave = stream.push(torch.tensor([frame], dtype=torch.long, device=dev).T).float().cpu().numpy()
-        t1 = time.perf_counter()
-        if i >= warmup:
-            push_ms.append((t1 - t0) * 1e3)
-            parts.append(wave)
-    audio = np.concatenate(parts)
-    return {"frames": frames, "warmup": warmup, "samples_per_frame": c2w.samples_per_frame,
-            "sliding_window": cfg.sliding_window, "push_ms": stats(push_ms),
-            "x_realtime": round(FRAME_BUDGET_MS / float(np.mean(push_ms)), 2),
-            "audio_samples": int(audio.size), "audio_finite": bool(np.isfinite(audio).all()),
-            "audio_rms": round(float(np.sqrt(np.mean(np.square(audio, dtype=np.float64)))), 6)}
-
-
-def first_audio(stack: Qwen3OmniStack, audio: np.ndarray, reps: int, seed: int) -> dict:
-    """Endpoint -> first audio through the product's executor, no preemption, ``reps`` turns after
+def first_audio(ex: Qwen3OmniExecutor, audio: np.ndarray, reps: int, seed: int) -> dict:
+    """Endpoint -> first audio through the executor ``ex``, no preemption, ``reps`` turns after
     one untimed.  Per turn (fresh conversation): the utterance is added first (in the product
     its blocks are encoded and prefilled while the user speaks), then, timed: end_user_turn (the
     last block + the turn's tail), start_reply (the first reply token, from the prompt's logits),
     then the engine's loop - thinker_step, talker_step, vocoder_step - until the first audio:
     the first talker_step prefills the talker (its prompt ends with reply token 1's row, so it
-    waits for thinker_step 1; it gives no frame yet: each frame reads the next token's row),
-    the next gives frame 1, code2wav's first push gives its samples."""
-    stops = _stop_ids(stack)
-    ex = Qwen3OmniExecutor(stack, **REPLY_LIMITS,
-                           thinker_sampling=_endless(SamplingParams(greedy=True), stops),
-                           talker_sampling=_endless(talker_defaults(stack), (stack.config.talker.codec_eos_id,)))
-    dev = stack.device
+    waits for thinker_step 1) and makes frame 1 once the thinker has token 2's row; code2wav's
+    first push gives its samples."""
+    dev = ex.device
     turns = []
     for rep in range(reps + 1):
         ex.reset_conversation()
@@ -353,6 +334,7 @@ def first_audio(stack: Qwen3OmniStack, audio: np.ndarray, reps: int, seed: int) 
             row["talker_prefill_ms"] = None  # the prefill and frame 1 came in one call: see talker_first_frame_ms
         if rep:  # the first turn is a warm-up (first calls, allocator, cuBLAS plans)
             turns.append({k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()})
+    ex.interrupt(0)
     keys = ("end_user_turn_ms", "start_reply_ms", "thinker_steps_ms", "talker_prefill_ms", "talker_first_frame_ms",
             "code2wav_first_push_ms", "total_ms")
     median = {}
@@ -360,12 +342,25 @@ def first_audio(stack: Qwen3OmniStack, audio: np.ndarray, reps: int, seed: int) 
         xs = [t[k] for t in turns if t[k] is not None]
         median[k] = round(statistics.median(xs), 3) if xs else None
     total = median["total_ms"]
-    return {"turns": reps, "warmup_turns": 1, "utterance_s": round(audio.size / stack.features.sampling_rate, 3),
+    return {"turns": reps, "warmup_turns": 1, "utterance_s": round(audio.size / ex.sample_rate_in, 3),
             "median_ms": median, "per_turn": turns, "target_ms": FIRST_AUDIO_TARGET_MS,
             "vllm_omni_ms": VLLM_OMNI_FIRST_AUDIO_MS,
             "meets_target": total is not None and total <= FIRST_AUDIO_TARGET_MS}
 
 
+def decode_stages(stack: Qwen3OmniStack, mode: str, audio: np.ndarray, tokens: int, frames: int, warmup: int,
+                  reps: int, seed: int) -> dict:
+    """thinker / talker / code2wav / first_audio through one executor whose decode steps run in
+    ``mode``, with its runner's stats and how long it took to be ready (compile mode: the background
+    compile; graphs: capture happens in the first steps, inside the warm-up)."""
+    t0 = time.perf_counter()
+    # room for the timed reply, and at least the first-audio turns' few steps
+    ex = make_executor(stack, mode, max_reply_tokens=warmup + tokens + 2, max_codec_tokens=warmup + frames + 2)
+    ready_s = time.perf_counter() - t0
+    out = time_decode(ex, audio, tokens, frames, warmup, seed)
+    out["first_audio"] = first_audio(ex, audio, reps, seed)
+    out["runner"] = {"describe": ex.runner.describe(), "ready_s": round(ready_s, 2), **ex.runner.stats()}
+    return out
 def count(module) -> int:
     return sum(p.numel() for p in module.parameters()) if module is not None else 0
 
@@ -391,7 +386,10 @@ def shapes(cfg: Qwen3OmniConfig) -> dict:
 
 def run(config: Path = DEFAULT_CONFIG, device: str | None = None, dtype: str | None = None, prompt: int = 200,
         tokens: int = 100, frames: int = 100, warmup: int = 10, reps: int = 5, turns: int = 2,
-        realtime: bool = True, seed: int = 0) -> dict:
+        realtime: bool = True, seed: int = 0, mode: str = "eager",
+        save: Callable[[dict], None] | None = None) -> dict:
+    """The bench JSON.  ``save(result)`` is called after every part (the decode figures are saved
+    before the real-time engine runs, so a run cut off there still reports them)."""
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     torch_dtype = getattr(torch, dtype) if dtype else DEFAULT_DEVICE_DTYPE.get(dev.type, torch.float32)
     if dev.type == "cuda":
@@ -403,32 +401,6 @@ def run(config: Path = DEFAULT_CONFIG, device: str | None = None, dtype: str | N
     build_s = time.perf_counter() - t0
     after_build = torch.cuda.memory_allocated(dev) if dev.type == "cuda" else None
     audio = synthetic_utterance(rate=stack.features.sampling_rate)
-
-    # Outside inference_mode first, as `omnidesk bench` and the engine run the executor: tensors the
-    # modules make lazily (the code predictor's one-frame cache) must not be inference tensors when
-    # the engine's worker thread writes them in place later.  stage_rates also warms everything up.
-    stages = stage_rates(Qwen3OmniExecutor, stack, audio, REPLY_LIMITS["max_reply_tokens"],
-                         REPLY_LIMITS["max_codec_tokens"])
-    rt = None
-    if realtime and turns:
-        rt = []
-        for preemptive in (True, False):
-            r = realtime_latency(Qwen3OmniExecutor, stack, audio, turns, preemptive, dict(REPLY_LIMITS))
-            r["turns_with_audio"] = sum(t["first_audio_chunk_ms"] is not None for t in r["turns"])
-            rt.append(r)
-    with torch.inference_mode():
-        thinker = time_thinker(stack, prompt, tokens, warmup, seed)
-        talker = time_talker(stack, frames, warmup, seed)
-        code2wav = time_code2wav(stack, frames, warmup, seed)
-        first = first_audio(stack, audio, reps, seed)
-    load_after = os.getloadavg()
-
-    memory = dict(info["memory"])
-    memory["host_max_rss_gb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / GB, 3)
-    if dev.type == "cuda":
-        memory.update(allocated_after_build_gb=round(after_build / GB, 3),
-                      max_allocated_gb=round(torch.cuda.max_memory_allocated(dev) / GB, 3),
-                      max_reserved_gb=round(torch.cuda.max_memory_reserved(dev) / GB, 3))
     m = stack.model
     params = {"thinker": count(m.thinker) - count(m.thinker.audio_encoder),
               "audio_encoder": count(m.thinker.audio_encoder), "talker": count(m.talker),
@@ -436,49 +408,87 @@ def run(config: Path = DEFAULT_CONFIG, device: str | None = None, dtype: str | N
     params["total"] = sum(params.values())
     device_name = (torch.cuda.get_device_name(dev) if dev.type == "cuda"
                    else platform.processor() or platform.machine())
-    return {
-        "config": str(config),
-        "device": str(dev),
-        "device_name": device_name,
-        "dtype": str(torch_dtype).removeprefix("torch."),
-        "code2wav_dtype": "float32",
-        "shapes": shapes(stack.config),
-        "params": params,
-        "ids_overridden": info["ids_overridden"],
-        "build_s": round(build_s, 2),
-        "thinker": thinker,
-        "talker": talker,
-        "code2wav": code2wav,
-        "first_audio": first,
-        "executor_stages": stages,
-        "realtime": rt,
-        "memory": memory,
-        "machine": {"platform": platform.platform(), "python": platform.python_version(), "torch": torch.__version__,
-                    "cuda": torch.version.cuda, "cores": os.cpu_count(), 
-                    # torch intra-op threads the timings ran with (on the CPU the executor sets cores - 1)
-                    "threads": torch.get_num_threads(),
-                    "gpu_memory_gb": round(torch.cuda.get_device_properties(dev).total_memory / GB, 1)
-                    if dev.type == "cuda" else None,
-                    "loadavg_before": [round(x, 2) for x in load_before],
-                    "loadavg_after": [round(x, 2) for x in load_after]},
-        "method": (
-            "Random weights at the config's shapes (output is noise; the cost is these shapes'), built on the device."
-            " Eager PyTorch: no CUDA graphs, no torch.compile. Every timing is wall clock with the device "
-            "synchronised before and after the timed work (torch.cuda.synchronize). thinker, talker, code2wav and "
-            "first_audio run inside torch.inference_mode; realtime runs the engine as the product does (worker "
-            "thread, no inference_mode), before the others. thinker: module-level prefill of prompt_tokens random "
-            "text ids into a fresh cache (median of 3 after 1 untimed), then greedy decode steps as thinker_step runs"
-            " the model (with the talker's hidden layer and text projection, fp32 logits, argmax, int()). talker: per"
-            " frame, code 0 sampled with the product's talker sampling (end-of-speech suppressed so frames never "
-            "stop), the code predictor's G-1 steps, the frame embedding + next text row, one talker step; "
-            "predictor_ms is the G-1 steps, talker_ms the rest. code2wav: one stream push per frame incl. the host "
-            "copy. first_audio: the product's Qwen3OmniExecutor, no preemption, stop ids suppressed, from "
-            "end_user_turn to code2wav's first push (the utterance was added untimed before, as during speech). "
-            "executor_stages: omnidesk bench's stage_rates (executor-driven rates; run first, it is also the warm-"
-            "up). realtime: omnidesk bench's realtime_latency, preemptive then not, reply limits of ~3 s of speech. "
-            "The tokenizer is a stand-in and the config's token ids point at it (ids_overridden); all sizes are the "
-            "file's."),
-    }
+    result: dict = {"config": str(config), "device": str(dev), "device_name": device_name,
+                    "dtype": str(torch_dtype).removeprefix("torch."), "code2wav_dtype": "float32", "mode": mode,
+                    "shapes": shapes(stack.config), "params": params, "ids_overridden": info["ids_overridden"],
+                    "build_s": round(build_s, 2)}
+
+    def record() -> None:  # memory and machine as they stand, then the JSON so far
+        memory = dict(info["memory"])
+        memory["host_max_rss_gb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / GB, 3)
+        if dev.type == "cuda":
+            memory.update(allocated_after_build_gb=round(after_build / GB, 3),
+                          max_allocated_gb=round(torch.cuda.max_memory_allocated(dev) / GB, 3),
+                          max_reserved_gb=round(torch.cuda.max_memory_reserved(dev) / GB, 3))
+        result["memory"] = memory
+        result["machine"] = {
+            "platform": platform.platform(), "python": platform.python_version(), "torch": torch.__version__,
+            "cuda": torch.version.cuda, "cores": os.cpu_count(),
+            # torch intra-op threads the timings ran with (on the CPU the executor sets cores - 1)
+            "threads": torch.get_num_threads(),
+            "gpu_memory_gb": round(torch.cuda.get_device_properties(dev).total_memory / GB, 1)
+            if dev.type == "cuda" else None,
+            "loadavg_before": [round(x, 2) for x in load_before],
+            "loadavg_after": [round(x, 2) for x in os.getloadavg()]}
+        if save is not None:
+            save(result)
+
+    # Outside inference_mode, as the engine runs the executor (its decode state is written in place
+    # from the engine's worker thread); no autograd either way (the weights do not require grad).
+    with torch.no_grad():
+        result["thinker"] = time_prefill(stack, prompt, seed)
+        try:
+            stages = decode_stages(stack, mode, audio, tokens, frames, warmup, reps, seed)
+            failed = {name: s["error"] for name, s in stages["runner"]["steps"].items() if s["error"]}
+            if failed:  # the runner fell back to eager for these steps: their figures are eager ones
+                result["mode_error"] = failed
+        except Exception as e:  # noqa: BLE001 - the eager figures still come, with the error said
+            if mode == "eager":
+                raise
+            said = str(e).strip().splitlines()
+            result["mode_error"] = {"run": f"{type(e).__name__}: {said[0] if said else ''}"}
+            stages = decode_stages(stack, "eager", audio, tokens, frames, warmup, reps, seed)
+        result["decode_mode"] = stages["runner"]["mode"]  # what the figures ran as
+        result["thinker"].update(stages["thinker"])
+        result.update({k: stages[k] for k in ("talker", "code2wav", "first_audio", "runner")})
+        record()
+
+        # then the executor-driven stage rates and the real-time engine, in the same mode
+        factory = functools.partial(make_executor, mode=result["decode_mode"])
+        result["executor_stages"] = stage_rates(factory, stack, audio, REPLY_LIMITS["max_reply_tokens"],
+                                                REPLY_LIMITS["max_codec_tokens"])
+        record()
+    result["realtime"] = None
+    if realtime and turns:
+        result["realtime"] = []
+        for preemptive in (True, False):
+            r = realtime_latency(factory, stack, audio, turns, preemptive, dict(REPLY_LIMITS))
+            r["turns_with_audio"] = sum(t["first_audio_chunk_ms"] is not None for t in r["turns"])
+            result["realtime"].append(r)
+            record()
+    result["method"] = METHOD
+    record()
+    return result
+
+
+METHOD = (
+    "Random weights at the config's shapes (output is noise; the cost is these shapes'), built on the device. "
+    "The decode steps run through the executor's decode runner (omnidesk/models/runner.py) in `mode`: eager, "
+    "compile (torch.compile fullgraph, waited for before timing) or graphs (CUDA graphs, captured in the "
+    "warm-up steps); `runner` has its stats, `decode_mode` what the figures ran as (eager where a mode failed: "
+    "`mode_error`). Every timing is wall clock with the device synchronised before and after the timed call. "
+    "thinker: prefill_ms is a module-level prefill of prompt_tokens random text ids (median of 3 after 1 "
+    "untimed); step_ms is thinker_step after one user turn (the 2 s utterance): the runner's thinker step + "
+    "reading its token, greedy, stop ids suppressed. talker: frame_ms is talker_step, one 80 ms frame = the "
+    "runner's talker_frame step (the code predictor's 15 sub-steps + the talker's step, code 0 sampled with the "
+    "product's talker sampling, end-of-speech suppressed) + the frame's one host sync, fed text-eos/pad after "
+    "the reply; late_frames counts frames over 80 ms. code2wav: vocoder_step after each frame (one stream push "
+    "incl. the copy to the host). first_audio: the same executor, no preemption, from end_user_turn to "
+    "code2wav's first push (the utterance was added untimed before, as during speech). Then executor_stages "
+    "(omnidesk bench's stage_rates, a ~3 s reply) and realtime (omnidesk bench's realtime_latency, preemptive "
+    "then not) in the same mode; the JSON is written before them. No inference_mode (the engine runs without "
+    "it). The tokenizer is a stand-in and the config's token ids point at it (ids_overridden); all sizes are "
+    "the file's.")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -496,18 +506,25 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--turns", type=int, default=2, help="turns of each real-time engine run (0: skip them)")
     p.add_argument("--no-realtime", dest="realtime", action="store_false", help="skip the real-time engine runs")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--compile", default="eager", choices=MODES,
+                   help="decode-step mode (omnidesk/models/runner.py): eager, compile (torch.compile) or graphs "
+                        "(CUDA graphs) (default eager)")
     p.add_argument("--out", help="JSON file (default bench/results/qwen3_stack.json)")
     args = p.parse_args(argv)
-    if min(args.prompt, args.tokens, args.frames, args.reps) < 1 or args.warmup < 0 or args.turns < 0:
-        p.error("--prompt, --tokens, --frames and --reps must be >= 1; --warmup and --turns >= 0")
-    result = run(config=Path(args.config), device=args.device, dtype=args.dtype, prompt=args.prompt,
-                 tokens=args.tokens, frames=args.frames, warmup=args.warmup, reps=args.reps, turns=args.turns,
-                 realtime=args.realtime, seed=args.seed)
-    text = json.dumps(result, indent=2)
+    if min(args.prompt, args.tokens, args.frames, args.reps) < 1 or args.warmup < 2 or args.turns < 0:
+        p.error("--prompt, --tokens, --frames and --reps must be >= 1; --warmup >= 2 (a CUDA graph is captured at "
+                "a step's second call); --turns >= 0")
     out = Path(args.out or HERE / "results" / "qwen3_stack.json")
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(text)
-    print(text)
+
+    def save(result: dict) -> None:
+        out.write_text(json.dumps(result, indent=2))
+
+    result = run(config=Path(args.config), device=args.device, dtype=args.dtype, prompt=args.prompt,
+                 tokens=args.tokens, frames=args.frames, warmup=args.warmup, reps=args.reps, turns=args.turns,
+                 realtime=args.realtime, seed=args.seed, mode=args.compile, save=save)
+    save(result)
+    print(json.dumps(result, indent=2))
     return 0
 
 

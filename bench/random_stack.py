@@ -25,6 +25,7 @@ model.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 import tempfile
@@ -36,7 +37,10 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from omnidesk.models.qwen2_5_omni import bench  # noqa: E402
+from omnidesk.models.qwen2_5_omni.executor import QwenOmniExecutor  # noqa: E402
+from omnidesk.models.sampling import SamplingParams  # noqa: E402
+from omnidesk.models.turn_bench import decode_rates, synthetic_utterance  # noqa: E402
+from omnidesk.models.turn_bench import run as turn_bench  # noqa: E402
 from omnidesk.models.qwen2_5_omni.config import OmniConfig  # noqa: E402
 from omnidesk.models.qwen2_5_omni.demo import PREPROCESSOR  # noqa: E402
 from omnidesk.models.features import FeatureConfig  # noqa: E402
@@ -133,29 +137,70 @@ def main(argv: list[str] | None = None) -> int:
                         "~1 token/s and the run is a smoke test that every stage works at these shapes)")
     p.add_argument("--quantize", choices=["none", "int4", "int8"], default="none",
                    help="the thinker's decoder linears in 4 bits (group 128, as the published GPTQ/AWQ 7B) or int8")
+    p.add_argument("--compile", default="eager",
+                   help="decode-step modes to time, comma-separated: eager, compile, graphs (CUDA) (default eager)")
+    p.add_argument("--tokens", type=int, default=64, help="timed thinker decode steps per mode")
+    p.add_argument("--codes", type=int, default=150, help="timed talker decode steps per mode (50 per second of speech)")
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
     config = Path(args.config) if args.config else ROOT / "tests" / "data" / f"qwen2_5_omni_{args.size}" / "config.json"
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    result: dict = {"config": str(config)}
+
+    def save() -> None:  # after every part: a run cut off by its timeout still reports what it measured
+        if torch.cuda.is_available():
+            result["gpu"] = {"name": torch.cuda.get_device_name(),
+                             "max_allocated_gb": torch.cuda.max_memory_allocated() / 1e9,
+                             "max_reserved_gb": torch.cuda.max_memory_reserved() / 1e9}
+        out.write_text(json.dumps(result, indent=2))
+
     t0 = time.perf_counter()
     quantize = None if args.quantize == "none" else args.quantize
     stack = build(config, args.device, getattr(torch, args.dtype), quantize=quantize)
-    built = time.perf_counter() - t0
+    result["build_s"] = built = time.perf_counter() - t0
+    result["quantization"] = stack.quantization  # None: float weights; else format and matmul paths
     print(f"built in {built:.1f} s" + (f"; weights: {stack.quantization['summary']}" if quantize else ""),
           file=sys.stderr)
-    interrupts = args.interrupts if args.interrupts is not None else (50 if stack.device.type == "cuda" else 3)
-    result = bench.run(stack, turns=args.turns, interrupts=interrupts, with_transformers=False)
-    result["build_s"] = built
-    result["config"] = str(config)
     from omnidesk.models.qwen2_5_omni.memory import estimate_memory
 
     estimate = estimate_memory(stack.config, stack.dtype, 8192, quantization=quantize, group_size=GROUP)
     result["memory_estimate_gb"] = {"total_8192_tokens": estimate.total / 1e9, "weights": estimate.weights / 1e9,
                                     "vocoder": estimate.vocoder / 1e9}
-    if torch.cuda.is_available():
-        result["gpu"] = {"name": torch.cuda.get_device_name(), "max_allocated_gb": torch.cuda.max_memory_allocated() / 1e9,
-                         "max_reserved_gb": torch.cuda.max_memory_reserved() / 1e9}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2))
+    save()
+    # the decode steps in each mode first (bounded, seconds), then the real-time runs
+    audio = synthetic_utterance(rate=stack.features.sampling_rate)
+    modes = [m for m in args.compile.split(",") if m]
+    result["decode"] = {}
+    for mode in modes:
+        t0 = time.perf_counter()
+        try:
+            ex = QwenOmniExecutor(stack, capacity=1024, max_reply_tokens=64, max_codec_tokens=args.codes + 16,
+                                  thinker_sampling=SamplingParams(greedy=True), compile=mode)
+            ex.runner.wait_ready()  # compile mode: compiled in the background from the executor's start
+            first = decode_rates(ex, audio, tokens=16, codes=16, warmup=4, vocoder=False)  # captures / compiles
+            rates = decode_rates(ex, audio, tokens=args.tokens, codes=args.codes)
+            rates["warm_up"] = {"first_pass": first, "seconds": round(time.perf_counter() - t0, 2)}
+            result["decode"][mode] = rates
+            del ex
+        except Exception as e:  # noqa: BLE001 - the other modes and parts still report
+            result["decode"][mode] = {"error": f"{type(e).__name__}: {e}"}
+        print(f"{mode}: {json.dumps({k: v for k, v in result['decode'][mode].items() if k.endswith('_ms')})}",
+              file=sys.stderr)
+        save()
+    eager, fast = result["decode"].get("eager", {}), result["decode"].get(modes[-1], {})
+    if eager.get("thinker_ms") and fast.get("thinker_ms") and modes[-1] != "eager":
+        result["speedup_over_eager"] = {
+            "mode": modes[-1],
+            "thinker": round(eager["thinker_ms"]["p50"] / fast["thinker_ms"]["p50"], 2),
+            "talker": round(eager["talker_ms"]["p50"] / fast["talker_ms"]["p50"], 2)}
+        save()
+    interrupts = args.interrupts if args.interrupts is not None else (50 if stack.device.type == "cuda" else 3)
+    if args.turns:
+        # the stages and the real-time engine in the fastest mode asked for
+        make = functools.partial(QwenOmniExecutor, compile=modes[-1] if modes else None)
+        result.update(turn_bench(make, stack, turns=args.turns, interrupts=interrupts, codes_per_second=50.0))
+        save()
     print(json.dumps(result, indent=2))
     return 0
 

@@ -16,7 +16,9 @@ extras=""
 system_packages=(libportaudio2 libegl1 libgl1 libxkbcommon0 libfontconfig1 libglib2.0-0 libdbus-1-3
                  # Qt's X11 platform plugin aborts without these
                  libxkbcommon-x11-0 libxcb-cursor0 libxcb-icccm4 libxcb-keysyms1 libxcb-image0
-                 libxcb-render-util0 libxcb-shape0)
+                 libxcb-render-util0 libxcb-shape0
+                 # torch.compile on the CPU (the decode steps' compiled mode) builds C++ with the system compiler
+                 g++)
 # the test suite validates the desktop entry and the AppStream metainfo, runs a private PulseAudio
 # server with null sinks as virtual speaker and microphone, speaks test phrases with espeak-ng, and
 # opens the window on a virtual X server (Xvfb); openssl makes the certificates of the remote tests' TLS server

@@ -116,7 +116,8 @@ def _load(args, prepared: Prepared, out):
     options = LoadOptions(greedy=bool(getattr(args, "greedy", False)), seed=int(getattr(args, "seed", 0) or 0),
                           voice=getattr(args, "voice", None), max_text_tokens=getattr(args, "max_text_tokens", None),
                           max_codec_tokens=getattr(args, "max_codec_tokens", None),
-                          quantize=None if getattr(args, "quantize", None) in (None, "none") else args.quantize)
+                          quantize=None if getattr(args, "quantize", None) in (None, "none") else args.quantize,
+                          compile=getattr(args, "compile", None))
     family = prepared.family
     ignored = ["--" + name.replace("_", "-") for name in family.ignored_options
                if getattr(options, name, None) is not None]
@@ -128,6 +129,9 @@ def _load(args, prepared: Prepared, out):
     quantization = loaded.model_info.get("quantization")
     if quantization:  # which weights and which matmul path run (omnidesk/models/quant.py)
         print(f"weights: {quantization['summary']}", file=out)
+    runner = getattr(loaded.executor, "runner", None)
+    if runner is not None:  # eager, compiled or CUDA graphs (omnidesk/models/runner.py)
+        print(f"decode steps: {runner.describe()}", file=out)
     if loaded.demo:
         print(f"NOTE: {family.demo_notice}", file=out)
     return loaded
@@ -615,7 +619,8 @@ def cmd_default(args) -> int:
     if problem is None:
         from omnidesk.gui.app import print_demo_notice, run
 
-        return run(args.model, args.device, on_model_loaded=print_demo_notice, quantize=args.quantize)
+        return run(args.model, args.device, on_model_loaded=print_demo_notice, quantize=args.quantize,
+                   compile=args.compile)
 
     import torch
 
@@ -690,10 +695,23 @@ def _quantize_option(p: argparse.ArgumentParser) -> None:
                    help=QUANTIZE_HELP + "." + BOTH_HELP.format(opt="--quantize"))
 
 
+COMPILE_HELP = ("decode steps: 'auto' (default) captures them as CUDA graphs on a GPU and compiles them on the CPU "
+                "where that pays; 'on' compiles (CPU) or captures (GPU) them; 'off' runs them eagerly. Compiling "
+                "runs in the background (the conversation starts at once, eagerly) and is cached on disk")
+
+
+def _compile_option(p: argparse.ArgumentParser) -> None:
+    """--compile of a command (lands in sub_compile; merged with the top-level one by :func:`_merge_options`)."""
+    from omnidesk.models.runner import SETTINGS
+
+    p.add_argument("--compile", dest="sub_compile", choices=SETTINGS,
+                   help=COMPILE_HELP + "." + BOTH_HELP.format(opt="--compile"))
+
+
 def _merge_options(args) -> None:
     """Apply the top-level --model/--device to the command; refuse them where they mean nothing."""
     command = " ".join(c for c in (args.command, getattr(args, "models_command", None)) if c)
-    for name in ("model", "device", "quantize"):
+    for name in ("model", "device", "quantize", "compile"):
         top = getattr(args, name)
         if not hasattr(args, f"sub_{name}"):
             if top is not None and args.command is not None:
@@ -723,6 +741,9 @@ def _build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--quantize", choices=("none", "int8"),
                         help=QUANTIZE_HELP + ". Applies to the window (and is remembered there), reply, talk, live "
                                              "and bench.")
+    parser.add_argument("--compile", choices=("auto", "off", "on"),
+                        help=COMPILE_HELP + ". Applies to the window (and is remembered there), reply, talk, live "
+                                            "and bench.")
     parser.add_argument("--install-desktop-entry", action="store_true",
                         help="add OmniDesk to this user's desktop menu (entry + icons) and exit")
     sub = parser.add_subparsers(dest="command")
@@ -761,6 +782,7 @@ def _build_parser() -> argparse.ArgumentParser:
     reply = sub.add_parser("reply", help="answer one spoken question from a sound file")
     _model_options(reply)
     _quantize_option(reply)
+    _compile_option(reply)
     reply.add_argument("--input", required=True,
                        help="WAV file with the question (any rate and channel count: mixed to mono and resampled)")
     reply.add_argument("--no-vad", action="store_true", help="do not refuse a file in which webrtcvad hears no speech")
@@ -776,6 +798,7 @@ def _build_parser() -> argparse.ArgumentParser:
     _model_options(talk)
     add_server_options(talk)
     _quantize_option(talk)
+    _compile_option(talk)
     talk.add_argument("--input", action="append", required=True,
                       help="WAV file, one user utterance (repeatable; any rate and channel count)")
     talk.add_argument("--barge-in", help="SECONDS:FILE.wav played into the mic that long after the first reply starts")
@@ -800,6 +823,7 @@ def _build_parser() -> argparse.ArgumentParser:
     _model_options(live)
     add_server_options(live)
     _quantize_option(live)
+    _compile_option(live)
     live.add_argument("--input-device", help="microphone: name (or part of it) or index (default: system default)")
     live.add_argument("--output-device", help="speaker: name (or part of it) or index (default: system default)")
     live.add_argument("--list-devices", action="store_true", help="list audio devices and exit")
@@ -818,6 +842,7 @@ def _build_parser() -> argparse.ArgumentParser:
                            "for a full-duplex model, the per-frame step against the frame budget")
     _model_options(bench)
     _quantize_option(bench)
+    _compile_option(bench)
     bench.add_argument("--turns", type=int, default=3, help="real-time turns per configuration (turn-based models)")
     bench.add_argument("--interrupts", type=int, default=50, help="interruptions timed (turn-based models)")
     bench.add_argument("--no-transformers", action="store_true", help="skip the transformers side (turn-based models)")

@@ -224,10 +224,37 @@ def check_end_of_turn() -> Check:
     return Check("end of turn", True, f"Smart Turn model: {model.describe()}")
 
 
+def check_decode() -> Check:
+    """Which mode the decode steps run in here by default (omnidesk.models.runner), and whether the CPU
+    can compile them (inductor builds C++ with the system's compiler)."""
+    import shutil
+
+    import torch
+
+    from .models.runner import CPU_COMPILE_PAYS, inductor_cache_dir, resolve_mode
+
+    setting = os.environ.get("OMNIDESK_COMPILE") or "auto"
+    cache = inductor_cache_dir()
+    cached = f"; compiled code cached in {cache}" if cache.is_dir() and any(cache.iterdir()) else ""
+    if torch.cuda.is_available():
+        return Check("decode steps", True, f"{resolve_mode(setting, 'cuda')} on the GPU (--compile {setting}){cached}")
+    compiler = shutil.which(os.environ.get("CXX", "g++")) or shutil.which("c++") or shutil.which("clang++")
+    compiled = sorted(f for f in CPU_COMPILE_PAYS if resolve_mode(setting, "cpu", f) == "compile")
+    wants = setting == "on" or bool(compiled)
+    what = (f"compiled on the CPU for {', '.join(compiled)}, eager for the rest" if compiled and setting != "on"
+            else "compiled on the CPU" if setting == "on" else "eager on the CPU")
+    if wants and compiler is None:
+        return Check("decode steps", False, f"{what} (--compile {setting}), but no C++ compiler was found: "
+                     "compiling fails and the steps stay eager", "install g++ (Debian/Ubuntu: apt install g++)")
+    return Check("decode steps", True, f"{what} (--compile {setting})"
+                 + (f"; C++ compiler {compiler}" if wants else "") + cached)
+
+
 CHECKS: list[tuple[str, Callable[[], Check]]] = [
     ("Python", check_python),
     ("torch", check_torch),
     ("GPU", check_gpu),
+    ("decode steps", check_decode),
     ("PortAudio", check_portaudio),
     ("audio devices", check_audio_devices),
     ("webrtcvad", check_webrtcvad),

@@ -7,6 +7,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+# Decode steps run eagerly unless a test asks for a mode: "auto" compiles on the CPU in the background
+# (omnidesk/models/runner.py), which would add minutes of compiling to every test that loads a model.
+os.environ["OMNIDESK_COMPILE"] = "off"
 torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
 
 

@@ -10,7 +10,7 @@ import pytest
 from omnidesk import doctor
 from omnidesk.doctor import Check, format_report, run_checks
 
-NAMES = ["Python", "torch", "GPU", "PortAudio", "audio devices", "webrtcvad", "echo cancellation", "end of turn",
+NAMES = ["Python", "torch", "GPU", "decode steps", "PortAudio", "audio devices", "webrtcvad", "echo cancellation", "end of turn",
          "Qt display", "models", "demo model"]
 
 
@@ -113,3 +113,18 @@ def test_a_crashing_check_is_reported_not_raised(monkeypatch):
     assert [c.name for c in checks] == ["GPU", "Python"]
     assert not checks[0].ok and "driver exploded" in checks[0].detail
     assert "✗ GPU" in format_report(checks)
+
+
+def test_decode_steps_says_which_mode_runs_and_what_compiling_needs(monkeypatch):
+    import shutil
+
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    monkeypatch.setenv("OMNIDESK_COMPILE", "off")
+    c = doctor.check_decode()
+    assert c.ok and c.detail.startswith("eager on the CPU (--compile off)")
+    monkeypatch.setenv("OMNIDESK_COMPILE", "auto")
+    c = doctor.check_decode()
+    assert c.ok and "compiled on the CPU for qwen2_5_omni, qwen3_omni, eager for the rest" in c.detail
+    monkeypatch.setattr(shutil, "which", lambda name: None)  # no C++ compiler: compiling would fail
+    c = doctor.check_decode()
+    assert not c.ok and "no C++ compiler" in c.detail and "g++" in c.fix

@@ -109,12 +109,13 @@ def test_window_weights_setting_is_remembered_and_reloads(qtbot, tmp_path, check
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
-    calls = []
+    calls, compiles = [], []
     real = mw.load_model
 
-    def spy(choice, device, progress, quantize=None):
+    def spy(choice, device, progress, quantize=None, compile=None):
         calls.append(quantize)
-        return real(choice, device, progress, quantize=quantize)
+        compiles.append(compile)
+        return real(choice, device, progress, quantize=quantize, compile=compile)
 
     monkeypatch.setattr(mw, "load_model", spy)
     ini = tmp_path / "settings.ini"
@@ -133,6 +134,9 @@ def test_window_weights_setting_is_remembered_and_reloads(qtbot, tmp_path, check
         qtbot.waitUntil(lambda: w.loaded is not None, timeout=60000)
         assert calls == ["int8"] and w.loaded.model_info["quantization"]["format"] == "int8"
         assert w.weights_picker.currentData() == "int8"
+        # the decode-step setting reaches the loader and the panel says which mode runs
+        assert compiles == ["auto"] and w.decode_picker.currentData() == "auto"
+        assert w.decode_label.text() == "eager"  # the test suite runs eager (OMNIDESK_COMPILE=off)
         w.weights_picker.setCurrentIndex(w.weights_picker.findData("none"))
         w._on_weights_picked(w.weights_picker.currentIndex())
         qtbot.waitUntil(lambda: w.loaded is not None and len(calls) == 2, timeout=60000)

@@ -354,6 +354,47 @@ def test_grouped_experts_equal_gathered(ours, which):
     assert 12 > dec.GATHER_MAX_TOKENS >= 1  # off the CPU a long prefill groups, a decode step gathers
 
 
+def _static_steps(decoder_step, eager_step, embeds: torch.Tensor, prefill: int, cache, static_cache, span: bool):
+    """Prefill both caches eagerly, then each later row as a static step (at a tensor position, over
+    the whole cache or a KVSpan of the used positions) and as an eager step: (static, eager) outputs."""
+    eager_step(embeds[:prefill], cache)
+    eager_step(embeds[:prefill], static_cache)
+    got, want = [], []
+    for t in range(prefill, embeds.shape[0]):
+        pos = torch.tensor([t])
+        arg = static_cache.span(t + 1) if span else static_cache
+        got.append(decoder_step(embeds[t:t + 1], arg, pos))
+        static_cache.length = t + 1
+        want.append(eager_step(embeds[t:t + 1], cache))
+    return got, want
+
+
+@pytest.mark.parametrize("span", [False, True], ids=["whole-cache", "span"])
+def test_thinker_static_step_equals_eager(ours, span):
+    """forward_static (index_copy_ at input_pos, a position mask, experts without a host sync) gives
+    the eager forward's hidden states, attending over the whole capacity or a span of the used part."""
+    thinker, _ = ours
+    ids = torch.randint(0, 80, (24,), generator=torch.Generator().manual_seed(11))
+    with torch.no_grad():
+        embeds = thinker.embed(ids)
+        got, want = _static_steps(thinker.forward_static, lambda e, c: thinker(e, c), embeds, 10,
+                                  thinker.new_cache(40), thinker.new_cache(40), span)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("which", ["thinker", "talker"])
+def test_static_experts_equal_grouped(ours, which):
+    """A decode step's expert path (grouped_mm on the CPU: no host sync) equals the grouped one."""
+    thinker, talker = ours
+    moe = (thinker.decoder.layers[0] if which == "thinker" else talker.decoder.layers[1]).mlp
+    x = torch.randn(3, moe.gate.in_features, generator=torch.Generator().manual_seed(12))
+    with torch.no_grad():
+        for t in (1, 3):
+            torch.testing.assert_close(moe.forward_static(x[:t]), moe(x[:t], grouped=True), rtol=1e-5, atol=1e-5)
+    assert dec.grouped_mm_works(torch.float32) == hasattr(torch.nn.functional, "grouped_mm")
+
+
 # ---------------------------------------------------------------- talker
 
 def test_talker_matches_reference(published, ours):
@@ -396,6 +437,39 @@ def test_code_predictor_expand_matches_reference(published, ours):
             last = predictor.get_input_embeddings()[-1](ref.sequences[..., -1:])
             expected = torch.cat([inputs[:, 1:]] + mids + [last], dim=1).sum(1)[0]
             torch.testing.assert_close(talker.frame_embedding(codes), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_static_frame_equals_eager_expand_and_talker_step(ours):
+    """A frame in static form (expand_static + Talker.forward_static: codes on the device, the
+    predictor's cache overwritten from position 0 each frame) gives the eager frames, codes and
+    talker states alike, frame after frame."""
+    _, talker = ours
+    g = torch.Generator().manual_seed(13)
+    predictor = talker.code_predictor
+
+    def argmax(logits, group):
+        return logits.argmax(-1, keepdim=True)
+
+    with torch.no_grad():
+        prompt = talker.text_projection(torch.randn(9, 64, generator=g))
+        rows = talker.text_projection(torch.randn(5, 64, generator=g))
+        eager_cache, static_cache = talker.new_cache(32), talker.new_cache(32)
+        hidden, logits = talker(prompt, eager_cache)
+        talker(prompt, static_cache)
+        s_hidden, s_code0 = hidden[-1], logits[-1].argmax(-1, keepdim=True)
+        frame_cache, positions = predictor.new_cache(), torch.arange(GROUPS)
+        for step in range(rows.shape[0]):
+            codes = predictor.expand(hidden[-1], greedy(logits[-1], 0), talker, greedy)
+            frame, embedding = predictor.expand_static(s_hidden, s_code0, talker, frame_cache, positions, argmax)
+            assert frame.tolist() == codes
+            torch.testing.assert_close(embedding, talker.frame_embedding(codes), rtol=1e-6, atol=1e-6)
+            hidden, logits = talker((talker.frame_embedding(codes) + rows[step])[None], eager_cache)
+            pos = torch.tensor([static_cache.length])
+            s_h, s_logits = talker.forward_static((embedding + rows[step])[None], static_cache, pos)
+            static_cache.length += 1
+            torch.testing.assert_close(s_h, hidden, rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(s_logits, logits, rtol=1e-5, atol=1e-5)
+            s_hidden, s_code0 = s_h[-1], s_logits[-1].argmax(-1, keepdim=True)
 
 
 def test_talker_generation_matches_reference(published, ours):

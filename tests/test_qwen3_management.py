@@ -376,7 +376,9 @@ def test_a_voice_the_config_does_not_have(q3_src, q3_stack):
     assert isinstance(loaded.executor, Qwen3OmniExecutor) and not loaded.demo
     # the default speaker first (front ends start on voices[0]): Ethan, as the reference's generate()
     assert loaded.voices == ["Ethan", "Aiden", "Chelsie"] and loaded.stack.default_voice == "Ethan"
-    assert loaded.model_info == {"path": str(q3_src), "family": "qwen3_omni", "demo": False, "dtype": "float32"}
+    # decode: the runner's mode (eager in the tests, omnidesk/models/runner.py)
+    assert loaded.model_info == {"path": str(q3_src), "family": "qwen3_omni", "demo": False, "dtype": "float32",
+                                 "decode": "eager"}
 
 
 # ---------------------------------------------------------------- 3. models list / verify / download, the demo name

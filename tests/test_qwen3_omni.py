@@ -174,6 +174,28 @@ def test_second_turn_talker_reads_both_user_turns_not_the_reply(q3):
     assert int(ex.context_used[:ex.prompt_end].sum()) == sum(1 for r in turn_roles(history, stack.config.im_start_id) if r == user)
 
 
+def test_a_reply_token_is_read_by_the_talker_as_turn_roles_says(q3):
+    """The decode step's rule for a reply token (_decode_used) is turn_roles' on the whole sequence (what
+    a re-prefill decides): a reply token belongs to the assistant turn and is not read - unless the model
+    opens a user turn itself (<|im_start|>user...), from that <|im_start|> on, until it opens another."""
+    path, _ = q3
+    stack = load_stack(path)
+    cfg = stack.config
+    ex = Qwen3OmniExecutor(stack, max_reply_tokens=4, max_codec_tokens=2, **_greedy(stack))
+    ex.begin_user_turn()
+    ex.add_user_audio(_wave(0.6, seed=11).numpy())
+    prompt = ex.end_user_turn()
+    assert prompt[-3:-1] == [cfg.im_start_id, cfg.assistant_id]
+    reply = [5, 6, cfg.im_end_id, cfg.im_start_id, cfg.user_id, 7, 8, cfg.im_start_id, cfg.assistant_id, 9]
+    start = len(ex.ids)
+    for token in reply:  # as thinker_step asks, before the token joins ``ids``
+        ex.context_used[len(ex.ids)] = ex._decode_used(token)
+        ex.ids.append(token)
+    roles = turn_roles(ex.ids, cfg.im_start_id)[start:]  # what a prefill of the conversation decides
+    used = ex.context_used[start:len(ex.ids)].tolist()
+    assert used == [r == cfg.user_id for r in roles] == [False] * 3 + [True] * 4 + [False] * 3
+
+
 def _start_reply(ex: Qwen3OmniExecutor, seconds: float, seed: int) -> None:
     """One user turn of ``seconds`` of test speech, then the reply begins."""
     ex.begin_user_turn()

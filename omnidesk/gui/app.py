@@ -64,10 +64,10 @@ def _icon():
 
 
 def run(model: str | None = None, device: str | None = None, on_model_loaded=None, argv: list[str] | None = None,
-        quantize: str | None = None) -> int:
+        quantize: str | None = None, compile: str | None = None) -> int:
     """Open the window and run the event loop.  ``on_model_loaded(LoadedModel)`` runs on the UI
     thread once a model is ready (the CLI prints the demo notice there); ``quantize`` ("none", "int8")
-    overrides the weights setting the window remembers, and is remembered."""
+    and ``compile`` ("auto", "on", "off") override the settings the window remembers, and are remembered."""
     from PySide6.QtWidgets import QApplication
 
     from .errors import setup_logging
@@ -82,7 +82,8 @@ def run(model: str | None = None, device: str | None = None, on_model_loaded=Non
     app.setDesktopFileName(APP_ID)
     app.setWindowIcon(_icon())
     log_path = setup_logging()
-    window = MainWindow(Settings(), model=model, device=device, log_path=log_path, quantize=quantize)
+    window = MainWindow(Settings(), model=model, device=device, log_path=log_path, quantize=quantize,
+                        compile=compile)
     if on_model_loaded is not None:
         window.model_loaded.connect(on_model_loaded)
     window.show()
@@ -98,12 +99,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", help="checkpoint dir, cached repo id, or 'demo' (default: the best available)")
     parser.add_argument("--device", help="cpu or cuda (default: cuda when available)")
     parser.add_argument("--quantize", choices=("none", "int8"), help="load the weights in int8 (default: as stored)")
+    parser.add_argument("--compile", choices=("auto", "on", "off"),
+                        help="decode steps: CUDA graphs / compiled (on), eager (off); auto: graphs on a GPU")
     args = parser.parse_args(argv)
     problem = display_problem()
     if problem:
         print(f"error: {problem}", file=sys.stderr)
         return 1
-    return run(args.model, args.device, on_model_loaded=print_demo_notice, quantize=args.quantize)
+    return run(args.model, args.device, on_model_loaded=print_demo_notice, quantize=args.quantize,
+               compile=args.compile)
 
 
 def print_demo_notice(loaded) -> None:

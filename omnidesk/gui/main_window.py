@@ -79,6 +79,10 @@ PLACEHOLDERS = {  # the empty conversation says what to do now
     "push_to_talk": "Hold Space and say something.",
     "listening": "Say something: OmniDesk is listening.",
 }
+DECODE_TIP = ("How the model's decode steps run. Automatic: captured as CUDA graphs on a GPU (several times faster "
+              "than eager), eager on the CPU unless compiling pays there. Compiled: torch.compile on the CPU, CUDA "
+              "graphs on a GPU; compiling runs in the background while you talk and is cached on disk. Eager: no "
+              "compiling.")
 
 
 def live_audio_available() -> bool:
@@ -143,12 +147,14 @@ class MainWindow(QMainWindow):
     def __init__(self, settings: Settings, model: str | None = None, device: str | None = None, *,
                  session_factory=default_session_factory, list_devices=device_list.list_devices,
                  find_models=None, log_path: Path | None = None, live_available: bool | None = None,
-                 quantize: str | None = None):
+                 quantize: str | None = None, compile: str | None = None):
         super().__init__()
         self.settings = settings
         self.requested_model = model  # the command line's --model wins over the remembered one
         if quantize in ("none", "int8"):  # the command line's --quantize wins too, and is remembered
             settings.quantize = quantize
+        if compile in ("auto", "on", "off"):  # so does --compile
+            settings.compile = compile
         self.device = device
         self.list_devices = list_devices
         self.find_models = find_models
@@ -294,6 +300,19 @@ class MainWindow(QMainWindow):
         self.weights_picker.setToolTip(WEIGHTS_TIP)
         self.weights_picker.activated.connect(self._on_weights_picked)
         form.addRow("&Weights", self.weights_picker)
+        self.decode_picker = QComboBox()  # how the decode steps run (omnidesk/models/runner.py)
+        self.decode_picker.setAccessibleName("Decode steps")
+        self.decode_picker.addItem("Automatic (CUDA graphs on a GPU)", "auto")
+        self.decode_picker.addItem("Compiled / CUDA graphs", "on")
+        self.decode_picker.addItem("Eager (no compiling)", "off")
+        self.decode_picker.setCurrentIndex(max(0, self.decode_picker.findData(self.settings.compile)))
+        self.decode_picker.setToolTip(DECODE_TIP)
+        self.decode_picker.activated.connect(self._on_decode_picked)
+        form.addRow("Deco&de steps", self.decode_picker)
+        self.decode_label = QLabel()  # which mode runs now, and how far compiling is
+        self.decode_label.setAccessibleName("Decode mode")
+        self.decode_label.setWordWrap(True)
+        form.addRow("", self.decode_label)
         panel.addWidget(model)
 
         testing = QGroupBox("Interruption testing")
@@ -419,7 +438,7 @@ class MainWindow(QMainWindow):
         self.error_banner.hide()
         self.remote_badge.hide()  # no model until this one is loaded (a server's shows it again)
         self._set_progress("Looking for models")
-        find, device, quantize = self.find_models, self.device, self.settings.quantize
+        find, device, quantize, compile = self.find_models, self.device, self.settings.quantize, self.settings.compile
 
         self._load_id += 1
         load_id = self._load_id
@@ -427,7 +446,7 @@ class MainWindow(QMainWindow):
         def work(progress):
             progress("Looking for models")
             choice = choose_model(source, find)
-            return load_id, load_model(choice, device, progress, quantize=quantize)
+            return load_id, load_model(choice, device, progress, quantize=quantize, compile=compile)
 
         self.conversation.close()
         old, self.loaded = self.loaded, None
@@ -464,6 +483,7 @@ class MainWindow(QMainWindow):
             self.voice_picker.setCurrentIndex(loaded.voices.index(voice))
         self._show_model_kind(loaded.duplex)
         self._show_weights_choice(loaded)
+        self._show_decode_mode()
         self._show_remote(loaded)
         self._select_model_item(loaded.choice)
         self.model_loaded.emit(loaded)
@@ -568,6 +588,22 @@ class MainWindow(QMainWindow):
         else:
             self.weights_picker.setToolTip(f"{loaded.family_title} loads its weights as stored: int8 on load is "
                                            f"for Qwen2.5-Omni checkpoints.")
+
+    def _show_decode_mode(self) -> None:
+        """Which mode the decode steps run in (eager, compiling, compiled, CUDA graphs); polled while a
+        background compile is under way (the UI thread only reads the runner's state)."""
+        runner = getattr(self.loaded.executor, "runner", None) if self.loaded is not None else None
+        self.decode_picker.setEnabled(runner is not None)
+        self.decode_label.setText(runner.describe() if runner is not None else "on the server")
+        if runner is not None and not runner.ready:
+            QTimer.singleShot(1000, self._show_decode_mode)
+
+    def _on_decode_picked(self, index: int) -> None:
+        value = self.decode_picker.itemData(index)
+        if value == self.settings.compile:
+            return
+        self.settings.compile = value
+        self.load(self.loaded.choice.source if self.loaded is not None else self.requested_model or self.settings.model)
 
     def _on_weights_picked(self, index: int) -> None:
         value = self.weights_picker.itemData(index)

@@ -81,9 +81,10 @@ def catalog(find=None) -> list[CatalogEntry]:
 
 
 def load_model(choice: ModelChoice, device: str | None, progress: Callable[[str], None],
-               quantize: str | None = None) -> LoadedModel:
+               quantize: str | None = None, compile: str | None = None) -> LoadedModel:
     """Resolve and load ``choice`` through its family (worker thread); ``quantize`` "int8" loads a float
-    checkpoint's linears in int8 (families that cannot ignore it).  Raises DeviceError (a ``device``
+    checkpoint's linears in int8 (families that cannot ignore it); ``compile`` is the decode-step
+    setting (auto/on/off, omnidesk.models.runner).  Raises DeviceError (a ``device``
     this machine cannot use) and the loader's errors (CheckpointError, ModelTooLargeError, ...) for
     :func:`omnidesk.gui.errors.plain_message`."""
     from omnidesk.remote.frontend import is_server_url
@@ -100,7 +101,7 @@ def load_model(choice: ModelChoice, device: str | None, progress: Callable[[str]
     root, family = resolve_model(choice.source, make_demo=True)
     progress(f"Loading {choice.name} on {device}")
     int8 = quantize == "int8" and "quantize" not in family.ignored_options
-    loaded = family.load(root, device, LoadOptions(quantize="int8" if int8 else None))
+    loaded = family.load(root, device, LoadOptions(quantize="int8" if int8 else None, compile=compile))
     if loaded.demo and demo_family(choice.source) is None:  # a demo opened from a folder is still the demo
         choice = ModelChoice(choice.source, "Demo model" if family.demo_name == DEMO else f"{family.title} demo model",
                              choice.why)
@@ -108,6 +109,9 @@ def load_model(choice: ModelChoice, device: str | None, progress: Callable[[str]
              root, loaded.device, choice.why)
     if loaded.model_info.get("quantization"):  # which weights and which matmul path run
         log.info("weights: %s", loaded.model_info["quantization"]["summary"])
+    runner = getattr(loaded.executor, "runner", None)
+    if runner is not None:
+        log.info("decode steps: %s", runner.describe())
     return LoadedModel(choice=choice, stack=loaded.stack, executor=loaded.executor, demo=loaded.demo,
                        device=loaded.device, voices=loaded.voices, family_title=family.title,
                        demo_notice=family.demo_notice, duplex=family.duplex, model_info=loaded.model_info,

@@ -65,6 +65,16 @@ class Settings:
         self._set("model/quantize", value if value in ("none", "int8") else None)
 
     @property
+    def compile(self) -> str:
+        """How the decode steps run: "auto" (CUDA graphs on a GPU), "on", "off" (omnidesk.models.runner)."""
+        value = self._get("model/compile", "auto", str)
+        return value if value in ("auto", "on", "off") else "auto"
+
+    @compile.setter
+    def compile(self, value: str | None) -> None:
+        self._set("model/compile", value if value in ("auto", "on", "off") else None)
+
+    @property
     def voice(self) -> str | None:
         return self._get("model/voice", None, str) or None
 

@@ -53,6 +53,7 @@ class LoadOptions:
     max_text_tokens: int | None = None
     max_codec_tokens: int | None = None
     quantize: str | None = None  # "int8": weight-only int8 made on load (4-bit comes from the checkpoint)
+    compile: str | None = None  # decode steps: "auto" (None), "off", "on" (omnidesk.models.runner.resolve_mode)
 
 
 @dataclass
@@ -144,10 +145,10 @@ def _qwen_load(root: Path, device: str, options: LoadOptions) -> Loaded:
         raise CheckpointError(f"unknown voice '{options.voice}'; this model has: "
                               f"{', '.join(stack.voices) or 'no voices'}")
     executor = executor_for(stack, greedy=options.greedy, max_text_tokens=options.max_text_tokens,
-                            max_codec_tokens=options.max_codec_tokens)
+                            max_codec_tokens=options.max_codec_tokens, compile=options.compile)
     demo = is_demo(stack.config.raw)
     info = {"path": str(stack.path), "family": "qwen2_5_omni", "demo": demo,
-            "dtype": str(stack.dtype).replace("torch.", "")}
+            "dtype": str(stack.dtype).replace("torch.", ""), "decode": executor.runner.mode}
     if stack.quantization is not None:
         info["quantization"] = stack.quantization
     return Loaded(QWEN, root, executor, str(stack.device), demo, list(stack.voices), info, stack)
@@ -256,10 +257,10 @@ def _qwen3_load(root: Path, device: str, options: LoadOptions) -> Loaded:
     if options.voice and stack.voice_named(options.voice) is None:
         raise CheckpointError(f"unknown voice '{options.voice}'; this model has: {', '.join(stack.voices)}")
     executor = executor_for(stack, greedy=options.greedy, max_text_tokens=options.max_text_tokens,
-                            max_codec_tokens=options.max_codec_tokens)
+                            max_codec_tokens=options.max_codec_tokens, compile=options.compile)
     demo = is_demo(stack.config.raw)
     info = {"path": str(stack.path), "family": "qwen3_omni", "demo": demo,
-            "dtype": str(stack.dtype).replace("torch.", "")}
+            "dtype": str(stack.dtype).replace("torch.", ""), "decode": executor.runner.mode}
     # the default speaker first: front ends (the window's voice picker) start on voices[0], and without a
     # voice the executor speaks as the reference does (Ethan), whatever order config.json lists them in
     voices = sorted(stack.voices, key=lambda v: v != stack.default_voice)
@@ -346,7 +347,7 @@ def _moshi_is_demo(root: Path) -> bool:
 def _moshi_load(root: Path, device: str, options: LoadOptions) -> Loaded:
     from .moshi.executor import load_moshi
 
-    executor = load_moshi(root, device=device, greedy=options.greedy, seed=options.seed)
+    executor = load_moshi(root, device=device, greedy=options.greedy, seed=options.seed, compile=options.compile)
     info = executor.model_info()
     return Loaded(MOSHI, root, executor, str(executor.device), bool(info.get("demo")), [], info)
 

@@ -46,7 +46,7 @@ SETTINGS = ("auto", "off", "on")
 
 # Families whose compiled CPU steps the bench (bench/decode_runner.py) shows paying off at the demo
 # sizes; "auto" compiles only these on the CPU.  See the README's performance section.
-CPU_COMPILE_PAYS: frozenset[str] = frozenset()
+CPU_COMPILE_PAYS: frozenset[str] = frozenset({"qwen2_5_omni", "qwen3_omni"})
 
 
 def inductor_cache_dir() -> Path:
@@ -60,12 +60,18 @@ def resolve_mode(setting: str | None, device: torch.device | str, family: str | 
 
     ``off``: eager.  ``on``: CUDA graphs on a GPU, torch.compile on the CPU.  ``auto`` (the default):
     CUDA graphs on a GPU; on the CPU torch.compile only for a family the bench shows it pays for
-    (:data:`CPU_COMPILE_PAYS`), else eager.  ``OMNIDESK_COMPILE`` in the environment overrides the
-    setting (the test suite runs eager unless a test asks otherwise)."""
-    setting = os.environ.get("OMNIDESK_COMPILE") or setting or "auto"
-    if setting not in SETTINGS:
-        raise ValueError(f"compile setting must be one of {', '.join(SETTINGS)}, got {setting!r}")
+    (:data:`CPU_COMPILE_PAYS`), else eager.  ``OMNIDESK_COMPILE`` in the environment replaces ``auto``
+    (the test suite sets ``off``: it runs eager unless a test asks for a mode).  A mode's own name (``eager``,
+    ``compile``, ``graphs``) is taken as it is."""
+    if setting in (None, "auto"):  # the environment sets the default, never overrides a choice
+        setting = os.environ.get("OMNIDESK_COMPILE") or "auto"
     device = torch.device(device)
+    if setting in MODES:  # a mode named outright (benchmarks compare them)
+        if setting == "graphs" and device.type != "cuda":
+            raise ValueError("CUDA graphs need a CUDA device; use 'compile' or 'eager' on the CPU")
+        return setting
+    if setting not in SETTINGS:
+        raise ValueError(f"compile setting must be one of {', '.join(SETTINGS + MODES)}, got {setting!r}")
     if setting == "off":
         return "eager"
     if device.type == "cuda":
@@ -220,6 +226,15 @@ class DecodeRunner:
         self.warmup_s: float | None = None
         if mode == "compile":
             os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(inductor_cache_dir()))
+            # Dynamo keeps its compiled entries per code object: every executor of a family compiles the
+            # same step methods (a model switch in the window makes a new executor), and past the default
+            # limit of 8 entries dynamo would silently fall back to eager.
+            import torch._dynamo.config as dynamo_config
+
+            for name, at_least in (("recompile_limit", 64), ("cache_size_limit", 64),  # (older torch's name)
+                                   ("accumulated_recompile_limit", 1024), ("accumulated_cache_size_limit", 1024)):
+                if hasattr(dynamo_config, name):
+                    setattr(dynamo_config, name, max(getattr(dynamo_config, name), at_least))
 
     def step(self, name: str, fn: Callable, example: Callable[[], tuple] | None = None) -> Step:
         """Register a hot step.  ``example`` builds scratch inputs of the shapes the step will see
@@ -234,7 +249,11 @@ class DecodeRunner:
     def warm_up(self, background: bool = True) -> None:
         """Compile every step (compile mode) in a background thread, or here with ``background=False``.
         Nothing to do in the other modes (graphs capture at a step's second call)."""
-        if self.mode != "compile" or self._thread is not None:
+        if self.mode != "compile":
+            return
+        if self._thread is not None:  # already started: here, wait for it
+            if not background:
+                self.wait_ready()
             return
         self._warm_started = time.perf_counter()
 
@@ -261,8 +280,8 @@ class DecodeRunner:
     @property
     def ready(self) -> bool:
         """Whether every step runs in the runner's mode now (eager is always ready)."""
-        if self.mode == "compile":
-            return all(s._ready or s.stats.error for s in self.steps.values()) and bool(self.steps)
+        if self.mode == "compile":  # a step without an example stays eager by design: nothing to wait for
+            return all(s._ready or s.stats.error or s.example is None for s in self.steps.values())
         return True
 
     # ---------------------------------------------------------------- report
@@ -272,9 +291,10 @@ class DecodeRunner:
             return "eager"
         failed = [s.name for s in self.steps.values() if s.stats.error]
         if self.mode == "compile":
-            done = sum(s._ready for s in self.steps.values())
+            compiled = [s for s in self.steps.values() if s.example is not None]
+            done = sum(s._ready for s in compiled)
             state = (f"ready in {self.warmup_s:.1f} s" if self.warmup_s is not None and self.ready
-                     else f"compiling ({done}/{len(self.steps)} steps ready, eager meanwhile)")
+                     else f"compiling ({done}/{len(compiled)} steps ready, eager meanwhile)")
         else:
             state = f"{sum(s.stats.graphs for s in self.steps.values())} graphs captured"
         return f"{self.mode} ({state}" + (f"; eager: {', '.join(failed)}" if failed else "") + ")"

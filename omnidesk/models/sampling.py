@@ -33,6 +33,13 @@ class SamplingParams:
             raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
 
 
+def device_generator(device: torch.device | str) -> torch.Generator:
+    """A random generator on ``device``; a CPU one for the meta device (an executor built only to check
+    a config draws nothing, and the meta device has no generator)."""
+    device = torch.device(device)
+    return torch.Generator() if device.type == "meta" else torch.Generator(device=device)
+
+
 def sample(logits: torch.Tensor, params: SamplingParams, seen: torch.Tensor | None = None,
            noise: torch.Tensor | None = None, suppress: torch.Tensor | None = None) -> torch.Tensor:
     """logits [..., V] -> token ids [..., 1] (long), on the device, without a host sync.
@@ -61,7 +68,9 @@ def sample(logits: torch.Tensor, params: SamplingParams, seen: torch.Tensor | No
         sorted_scores, order = torch.sort(scores, dim=-1, descending=False)
         cumulative = sorted_scores.softmax(-1).cumsum(-1)
         remove = cumulative <= (1 - p.top_p)
-        remove[..., -1] = False  # always keep the most likely token
+        # always keep the most likely token (a cat, not an item assignment: that copies a host value,
+        # which a CUDA graph cannot capture)
+        remove = torch.cat((remove[..., :-1], torch.zeros_like(remove[..., -1:])), dim=-1)
         scores = scores.scatter(-1, order, sorted_scores.masked_fill(remove, float("-inf")))
     return (scores.softmax(-1) / noise).argmax(-1, keepdim=True)
 

@@ -52,7 +52,7 @@ from .alignment import heard_text_pieces
 from .features import log_mel, num_frames
 from .kv_cache import CacheFullError, KVCache, KVSpan
 from .runner import DecodeRunner, resolve_mode
-from .sampling import Sampler, SamplingParams, sample
+from .sampling import Sampler, SamplingParams, device_generator, sample
 
 # Marks where an assistant reply's text sits when the chat template is rendered to find the
 # text between turns; never tokenized.
@@ -202,7 +202,7 @@ class ThinkerTalkerExecutor(Executor):
         with torch.inference_mode(False):
             self._pos = torch.zeros(1, dtype=torch.long, device=self.device)
         self.text_sampler = Sampler(thinker_sampling, self.thinker.lm_head.out_features, self.device,
-                                    torch.Generator(device=self.device))
+                                    device_generator(self.device))
         self.runner = DecodeRunner(resolve_mode(compile, self.device, self.family), self.device)
         self._thinker_decode_step = self.runner.step(
             "thinker", self._thinker_decode, lambda: self._example(self.thinker_cache, self.text_sampler))

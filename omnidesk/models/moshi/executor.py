@@ -10,6 +10,14 @@ and the executor plays silence, as the reference does.  The Mimi encoder and
 decoder streams and the LM's state all restart in ``reset_conversation``
 (the sampling generator is re-seeded, so a conversation replays exactly).
 
+The LM's whole frame is one step of a :class:`~omnidesk.models.runner.DecodeRunner`
+(``compile``: the user's auto / off / on; one CUDA graph per frame on a GPU,
+torch.compile on the CPU where that pays, compiled in the background on a
+scratch state while the conversation starts eagerly).  Mimi's encode and
+decode are captured as CUDA graphs too (their state lives in the codec's
+buffers, at fixed addresses) but never compiled: that would need a second,
+scratch codec to compile on, so on the CPU they run eagerly.
+
 :func:`load_moshi` reads a checkpoint directory in the published layout
 (``model.safetensors``, ``tokenizer-e351c8d8-checkpoint125.safetensors``,
 ``tokenizer_spm_32k_3.model``; ``config.json`` optional).  config.json is
@@ -36,6 +44,7 @@ from ...engine.duplex import DuplexExecutor, DuplexStep
 from ...engine.executor import stage
 from ..checkpoint import DEFAULT_DEVICE_DTYPE, CheckpointError, ConfigError, ModelTooLargeError
 from ..memory import cpu_ram_problem
+from ..runner import DecodeRunner, resolve_mode
 from .config import MoshiConfig, MoshiSampling
 from .lm import MoshiLM, MoshiLMGen, load_moshi_lm, weight_map
 from .mimi import MIMI, Mimi, MimiConfig, load_mimi
@@ -55,13 +64,17 @@ class MoshiExecutor(DuplexExecutor):
     ``step`` takes float32 pcm of ``frame_samples_in`` samples at ``sample_rate_in`` (24 kHz, 1920
     samples for Mimi) and returns the same amount of Moshi's voice plus the frame's text token (None
     while the LM's delays fill).  State: Mimi's two streams and the LM's caches; ``reset_conversation``
-    restarts all of them."""
+    restarts all of them in place (nothing compiled or captured is redone).
+
+    ``compile`` is the user's setting for the LM's frame step (auto / off / on, or a runner mode named
+    outright: see :func:`~omnidesk.models.runner.resolve_mode`); ``runner`` runs the step, and its
+    background compile starts here."""
 
     duplex = True
 
     def __init__(self, lm: MoshiLM, mimi: Mimi, tokenizer: MoshiTokenizer, sampling: MoshiSampling | None = None,
                  seed: int = 0, context: int | None = None, path: Path | None = None,
-                 raw_config: dict | None = None):
+                 raw_config: dict | None = None, compile: str | None = None):
         cfg = self.cfg = lm.cfg
         if mimi.cfg.quantizer.bins != cfg.card:
             raise ConfigError(f"Mimi's codebooks have {mimi.cfg.quantizer.bins} entries but the LM's card is "
@@ -71,16 +84,26 @@ class MoshiExecutor(DuplexExecutor):
                               f"{max(cfg.dep_q, cfg.user_codebooks)}")
         self.lm, self.mimi, self.tokenizer = lm, mimi, tokenizer
         self.mimi.num_codebooks = cfg.user_codebooks  # the user's stream: what the LM reads
-        self.gen = MoshiLMGen(lm, sampling, seed=seed, context=context)
+        self.device = lm.text_head.weight.device
+        self.runner = DecodeRunner(resolve_mode(compile, self.device, "moshi"), self.device)
+        self.gen = MoshiLMGen(lm, sampling, seed=seed, context=context, runner=self.runner)
         self.path = path
         self.raw_config = raw_config or {}
-        self.device = lm.text_head.weight.device
         self.dtype = lm.text_head.weight.dtype
         self.sample_rate_in = self.sample_rate_out = mimi.sample_rate
         self.frame_samples_in = self.frame_samples_out = mimi.frame_size
         self._silence = np.zeros(self.frame_samples_out, np.float32)
         self.threads = torch.get_num_threads()
+        # Mimi's streams keep their state in the codec's own buffers, at fixed addresses: a CUDA graph
+        # per frame captures them as they are.  Compiling them would need a scratch codec to compile on
+        # (a second Mimi), so outside graphs mode they run eagerly, as plain calls.
+        if self.runner.mode == "graphs":
+            self._encode = self.runner.step("mimi_encode", mimi.encode_frame)
+            self._decode = self.runner.step("mimi_decode", mimi.decode_frame)
+        else:
+            self._encode, self._decode = mimi.encode_frame, mimi.decode_frame
         self.reset_conversation()
+        self.runner.warm_up()  # compile mode: in the background, on a scratch state (MoshiLMGen.scratch)
 
     @property
     def sampling(self) -> MoshiSampling:
@@ -95,10 +118,22 @@ class MoshiExecutor(DuplexExecutor):
         self.mimi.reset()
         self.gen.reset()
 
+    def encode_audio(self, frame: np.ndarray) -> torch.Tensor:
+        """The next frame of the user's voice (float32 pcm [frame_samples_in]) -> its codes
+        [user_codebooks] on the device (Mimi's encoder stream advances)."""
+        pcm = torch.from_numpy(np.ascontiguousarray(frame, dtype=np.float32).reshape(-1))
+        if pcm.shape != (self.frame_samples_in,):  # checked here: a bad frame never reaches a captured graph
+            raise ValueError(f"a frame is {self.frame_samples_in} samples, got {pcm.shape[0]}")
+        return self._encode(pcm.to(self.device))
+
+    def decode_audio(self, codes: torch.Tensor) -> torch.Tensor:
+        """Moshi's codes of the next frame [dep_q] -> its voice (float32 pcm [frame_samples_out], on the
+        device; Mimi's decoder stream advances)."""
+        return self._decode(codes)
+
     def step(self, frame: np.ndarray) -> DuplexStep:
         with stage("encoder"):
-            pcm = torch.from_numpy(np.ascontiguousarray(frame, dtype=np.float32).reshape(-1))
-            codes = self.mimi.encode_frame(pcm)
+            codes = self.encode_audio(frame)
         # the depformer (Moshi's audio codes) runs inside the LM step: no separate "talker" stage
         with stage("thinker"):
             out = self.gen.step(codes)
@@ -106,7 +141,7 @@ class MoshiExecutor(DuplexExecutor):
         if out is None:
             return DuplexStep(self._silence.copy(), None)
         with stage("vocoder"):
-            audio = self.mimi.decode_frame(out.audio).cpu().numpy()
+            audio = self.decode_audio(out.audio).cpu().numpy()
         return DuplexStep(audio, text)
 
     def decode(self, text_ids: list[int]) -> str:
@@ -123,7 +158,7 @@ class MoshiExecutor(DuplexExecutor):
                 "demo": is_moshi_demo(self.raw_config), "dtype": str(self.dtype).replace("torch.", ""),
                 "mimi_dtype": str(self.mimi._like().dtype).replace("torch.", ""),
                 "greedy": self.sampling.greedy, "seed": self.seed, "context_frames": self.gen.cache.capacity,
-                "threads": self.threads}
+                "threads": self.threads, "decode": self.runner.describe()}
 
 
 # ---------------------------------------------------------------- memory
@@ -210,12 +245,14 @@ def read_mimi_config(root: Path, cfg: MoshiConfig) -> MimiConfig:
 
 
 def load_moshi(path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
-               greedy: bool = False, seed: int = 0, context: int | None = None) -> MoshiExecutor:
+               greedy: bool = False, seed: int = 0, context: int | None = None,
+               compile: str | None = None) -> MoshiExecutor:
     """Load a Moshi checkpoint directory as a ready :class:`MoshiExecutor`.
 
     ``dtype`` of the LM defaults to fp32 on the CPU and bf16 on CUDA (Mimi always runs in fp32);
     sampling comes from the config (text 0.7 / top-k 25, audio 0.8 / top-k 250 by default), or the
-    argmax with ``greedy``; ``seed`` seeds it; ``context`` (frames) shortens the attention span.
+    argmax with ``greedy``; ``seed`` seeds it; ``context`` (frames) shortens the attention span;
+    ``compile`` (auto / off / on) says how the frame step runs (:class:`MoshiExecutor`).
     Raises :class:`CheckpointError` naming a missing or damaged file, :class:`ModelTooLargeError`
     before loading anything on a GPU that cannot hold it."""
     root = Path(path)
@@ -253,7 +290,8 @@ def load_moshi(path: str | Path, device: str | torch.device = "cpu", dtype: torc
     sampling = cfg.sampling if not greedy else MoshiSampling(
         greedy=True, text_temperature=cfg.sampling.text_temperature, text_top_k=cfg.sampling.text_top_k,
         audio_temperature=cfg.sampling.audio_temperature, audio_top_k=cfg.sampling.audio_top_k)
-    return MoshiExecutor(lm, mimi, tokenizer, sampling, seed=seed, context=context, path=root, raw_config=raw)
+    return MoshiExecutor(lm, mimi, tokenizer, sampling, seed=seed, context=context, path=root, raw_config=raw,
+                         compile=compile)
 
 
 __all__ = ["MoshiExecutor", "MoshiMemoryEstimate", "check_fits", "estimate_memory", "load_moshi", "read_config",

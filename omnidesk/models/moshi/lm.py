@@ -13,10 +13,15 @@ reads the codebook's logits from its own head.
 :class:`MoshiLMGen` is the per-frame step (the reference's ``LMGen.step``):
 the stream delays, the initial tokens while a delayed stream has nothing yet,
 and sampling.  All of its state (both KV caches, the token ring, the frame
-counter, the random generator) is preallocated and explicit; ``reset()``
-starts a new conversation.  Weight names of the published ``model.safetensors``
-are mapped onto ours by :func:`weight_map` (stacked per-codebook / per-step
-tensors become slices of one parameter); :func:`load_moshi_lm` loads them.
+counter, the random generator: :class:`MoshiState`) is preallocated and
+explicit; ``reset()`` starts a new conversation in the same buffers.  The
+whole frame runs on the device as one decode-runner step (eager, compiled, or
+one CUDA graph per frame), without a host sync: the host draws the frame's
+sampling noise before it and reads the text token after it.
+
+Weight names of the published ``model.safetensors`` are mapped onto ours by
+:func:`weight_map` (stacked per-codebook / per-step tensors become slices of
+one parameter); :func:`load_moshi_lm` loads them.
 """
 
 from __future__ import annotations
@@ -33,6 +38,8 @@ from ..checkpoint import (DEFAULT_DEVICE_DTYPE, CheckpointError, MappingReport, 
                           header_tensors, match_tensors, materialize, read_safetensors_header)
 from ..kv_cache import RingKVCache
 from ..layers import RMSNorm, attend_one, rotate_interleaved
+from ..runner import DecodeRunner
+from ..sampling import SamplingParams, sample
 from .config import MoshiConfig, MoshiSampling
 
 
@@ -211,38 +218,51 @@ class MoshiLM(nn.Module):
 # ---------------------------------------------------------------- sampling
 
 class TokenSampler:
-    """Temperature + top-k sampling on the device, without a host sync.
+    """Moshi's choice of one kind of token (the text token, or a frame's dep_q audio codes):
+    temperature + top-k, no repetition penalty, made by the shared
+    :func:`~omnidesk.models.sampling.sample` (the argmax of probs / Exp(1) noise) on the device,
+    without a host sync.
 
-    omnidesk.models.sampling.Sampler returns a Python int (a sync per token)
-    and keeps repetition-penalty state; Moshi chooses 1 + dep_q tokens per
-    frame, each fed straight back into the next step, so the choice stays a
-    tensor.  A draw is the argmax of probs / Exp(1) noise (an exact sample of
-    probs, no cumulative sums).  A temperature <= 0 or ``greedy`` is the argmax."""
+    State: ``noise`` [rows, vocab_size], one row per token chosen in a frame, drawn in one go by
+    :meth:`draw` with ``generator`` *before* a frame step (a torch.Generator cannot run inside a
+    compiled or captured step); the step reads row ``row`` through :meth:`choose`.  Greedy (or a
+    temperature <= 0) is the argmax and has no noise.  Called on logits [V], it is the eager
+    one-token form: draw, then choose (the buffer is made at the first call's vocabulary when
+    ``vocab_size`` is not given)."""
 
-    def __init__(self, temperature: float, top_k: int, greedy: bool, generator: torch.Generator):
-        self.greedy = greedy or temperature <= 0
-        self.temperature, self.top_k = temperature, top_k
-        self.generator = generator
-        self._noise: torch.Tensor | None = None
+    def __init__(self, temperature: float, top_k: int, greedy: bool, generator: torch.Generator,
+                 vocab_size: int | None = None, rows: int = 1, device: torch.device | str | None = None):
+        greedy = greedy or temperature <= 0
+        # SamplingParams refuses a temperature <= 0 when sampling; the argmax never reads it
+        self.params = SamplingParams(greedy=greedy, temperature=temperature if temperature > 0 else 1.0, top_k=top_k)
+        self.generator, self.rows = generator, rows
+        self.noise: torch.Tensor | None = None
+        if vocab_size is not None:
+            self._allocate(vocab_size, device)
+
+    def _allocate(self, vocab_size: int, device) -> None:
+        if self.params.greedy:
+            return
+        # a normal tensor even when made under inference_mode: a later draw outside it writes it in place
+        with torch.inference_mode(False):
+            self.noise = torch.empty((self.rows, vocab_size), dtype=torch.float32, device=device)
+
+    def draw(self) -> None:
+        """Fresh Exp(1) noise for every row (one ``exponential_``; nothing when greedy)."""
+        if self.noise is not None:
+            self.noise.exponential_(generator=self.generator)
+
+    def choose(self, logits: torch.Tensor, row: int = 0) -> torch.Tensor:
+        """logits [V] -> token [1] (long) with noise row ``row``: pure, what a frame step calls."""
+        return sample(logits, self.params, noise=None if self.noise is None else self.noise[row])
 
     def __call__(self, logits: torch.Tensor) -> torch.Tensor:
-        """logits [V] -> token [1] (long)."""
-        if logits.dtype != torch.float32:
-            logits = logits.float()
-        if self.greedy:
-            return logits.argmax(-1, keepdim=True)
-        if 0 < self.top_k < logits.shape[-1]:
-            logits, ids = torch.topk(logits, self.top_k, sorted=False)  # order is irrelevant to the draw
-        else:
-            ids = None
-        probs = (logits / self.temperature).softmax(-1)
-        if self._noise is None or self._noise.shape != probs.shape:
-            # a normal tensor even when the first step runs under inference_mode: a later step outside
-            # it may not write an inference tensor in place
-            with torch.inference_mode(False):
-                self._noise = torch.empty(probs.shape, dtype=probs.dtype, device=probs.device)
-        pick = (probs / self._noise.exponential_(generator=self.generator)).argmax(-1, keepdim=True)
-        return pick if ids is None else ids.gather(-1, pick)
+        """logits [V] -> token [1] (long): a fresh draw, then the choice."""
+        if not self.params.greedy and (self.noise is None or self.noise.shape[-1] != logits.shape[-1]
+                                       or self.noise.device != logits.device):
+            self._allocate(logits.shape[-1], logits.device)
+        self.draw()
+        return self.choose(logits)
 
 
 # ---------------------------------------------------------------- the per-frame step
@@ -259,6 +279,58 @@ class MoshiFrame:
         return int(self.text)
 
 
+class MoshiState:
+    """One conversation's device state, everything a frame step reads and writes: both KV caches,
+    the token ring, the frame counter on the device, the last text logits and the samplers' noise.
+
+    Allocated once; :meth:`reset` restarts it in place (pointer moves and fills, the same buffers),
+    so compiled code and captured CUDA graphs of the frame step keep serving it.  A second one of
+    the same shapes is what the step is compiled on in the background (:meth:`MoshiLMGen.scratch`)."""
+
+    def __init__(self, lm: "MoshiLM", sampling: MoshiSampling, capacity: int, generator: torch.Generator):
+        cfg = lm.cfg
+        device = lm.text_head.weight.device
+        self.cache = lm.new_cache(capacity)
+        self.depformer_cache = lm.depformer.new_cache()
+        self.generator = generator
+        s = sampling
+        self.text_sampler = TokenSampler(s.text_temperature, s.text_top_k, s.greedy, generator, cfg.text_card,
+                                         device=device)
+        self.audio_sampler = TokenSampler(s.audio_temperature, s.audio_top_k, s.greedy, generator, cfg.card,
+                                          rows=cfg.dep_q, device=device)
+
+        def longs(values) -> torch.Tensor:
+            return torch.tensor(values, dtype=torch.long, device=device)
+
+        streams = cfg.n_q + 1
+        generated = 1 + cfg.dep_q  # text + Moshi's codebooks; the rest are the user's
+        self.delays = longs(cfg.delays)
+        self.initial = longs([cfg.text_initial_id] + [cfg.audio_initial_id] * cfg.n_q)
+        # Token ring: column t % width holds every stream's token for frame t.  A step reads frame t,
+        # the user writes up to t + max_delay, generation t + 1.  The step addresses it flat
+        # (row * width + column): index_copy_ / index_select, one kernel each.
+        width = cfg.max_delay + 2
+        self.ring = self.initial[:, None].repeat(1, width)
+        self.user_cells = longs(range(generated, streams)) * width  # where each user row starts
+        self.user_delays = self.delays[generated:]
+        self.generated_cells = longs(range(generated)) * width
+        self.generated_delays = self.delays[:generated]
+        self.offset = longs([0])  # frame counter on the device (the host keeps MoshiLMGen.frame)
+        self.text_logits = torch.zeros(cfg.text_card, dtype=torch.float32, device=device)  # last frame's
+
+    def draw(self) -> None:
+        """The frame's sampling noise: the text token's, then all dep_q codebooks' (outside the step)."""
+        self.text_sampler.draw()
+        self.audio_sampler.draw()
+
+    def reset(self, seed: int) -> None:
+        """A new conversation in the same buffers: caches and delays emptied, the generator re-seeded."""
+        self.generator.manual_seed(seed)
+        self.cache.reset()
+        self.ring.copy_(self.initial[:, None].expand_as(self.ring))
+        self.offset.zero_()
+
+
 class MoshiLMGen:
     """Moshi's per-frame generation step: user codes in, Moshi's text token and audio codes out.
 
@@ -270,91 +342,105 @@ class MoshiLMGen:
     ``step`` returns None for the first ``max_delay`` frames and afterwards
     the frame ``max_delay`` behind.
 
-    State (both KV caches, the token ring, the frame counter, the random
-    generator) is allocated once here; ``reset()`` starts a new conversation
-    and re-seeds, so the same inputs give the same outputs again.
+    The whole frame on the device (ring bookkeeping, temporal transformer, text
+    choice, the depformer's dep_q sub-steps and their choices) is one step of a
+    :class:`~omnidesk.models.runner.DecodeRunner` (``runner``; eager when none is
+    given), so it runs eagerly, compiled or as one CUDA graph per frame; the host
+    only draws the frame's noise before it and counts frames.
+
+    State (both KV caches, the token ring, the frame counters, the random
+    generator: :class:`MoshiState`) is allocated once here; ``reset()`` starts a
+    new conversation in the same buffers and re-seeds, so the same inputs give
+    the same outputs again.
     """
 
     def __init__(self, lm: MoshiLM, sampling: MoshiSampling | None = None, seed: int | None = None,
-                 context: int | None = None):
+                 context: int | None = None, runner: DecodeRunner | None = None):
         """``sampling`` defaults to the checkpoint's (``cfg.sampling``); ``seed`` None draws one;
-        ``context`` (frames) shortens the attention span and the KV cache below ``cfg.context``."""
-        cfg = self.cfg = lm.cfg
+        ``context`` (frames) shortens the attention span and the KV cache below ``cfg.context``;
+        ``runner`` runs the frame step (its ``warm_up`` is the caller's to start)."""
+        self.cfg = lm.cfg
         self.lm = lm
-        self.sampling = sampling or cfg.sampling
-        device = lm.text_head.weight.device
-        self.cache = lm.new_cache(context)
-        self.depformer_cache = lm.depformer.new_cache()
-        self.generator = torch.Generator(device=device)
+        self.sampling = sampling or self.cfg.sampling
+        self.device = lm.text_head.weight.device
+        self.capacity = context or self.cfg.context
+        self.generator = torch.Generator(device=self.device)
         self.seed = seed if seed is not None else int(torch.randint(0, 2**62, ()).item())
-        s = self.sampling
-        self._text_sampler = TokenSampler(s.text_temperature, s.text_top_k, s.greedy, self.generator)
-        self._audio_sampler = TokenSampler(s.audio_temperature, s.audio_top_k, s.greedy, self.generator)
-
-        def longs(values) -> torch.Tensor:
-            return torch.tensor(values, dtype=torch.long, device=device)
-
-        streams = cfg.n_q + 1
-        generated = 1 + cfg.dep_q  # text + Moshi's codebooks; the rest are the user's
-        self._delays = longs(cfg.delays)
-        self._initial = longs([cfg.text_initial_id] + [cfg.audio_initial_id] * cfg.n_q)
-        self._user_rows = longs(range(generated, streams))
-        self._user_delays = self._delays[generated:]
-        self._generated_rows = longs(range(generated))
-        self._generated_delays = self._delays[:generated]
-        # Token ring: column t % width holds every stream's token for frame t.  A
-        # step reads frame t, the user writes up to t + max_delay, generation t + 1.
-        self._ring = self._initial[:, None].repeat(1, cfg.max_delay + 2)
-        self._offset = longs([0])  # frame counter on the device (the host keeps `frame`)
-        self._generated = longs([0] * generated)  # this frame's text token + codes
-        self.text_logits = torch.zeros(cfg.text_card, dtype=torch.float32, device=device)  # last frame's
+        self.state = MoshiState(lm, self.sampling, self.capacity, self.generator)
+        self.runner = runner or DecodeRunner("eager", self.device)
+        self._frame_step = self.runner.step("moshi_frame", self._frame, example=self.scratch)
         self.frame = 0
         self.reset()
 
+    # the conversation's state, under the names the tests and benches read
+    @property
+    def cache(self) -> RingKVCache:
+        return self.state.cache
+
+    @property
+    def text_logits(self) -> torch.Tensor:
+        """The last frame's text logits [text_card] (float32)."""
+        return self.state.text_logits
+
     def reset(self, seed: int | None = None) -> None:
-        """Start a new conversation (caches and delays emptied; generator re-seeded with ``seed`` or the last one)."""
+        """Start a new conversation (caches and delays emptied; generator re-seeded with ``seed`` or the last one).
+        The same buffers: nothing compiled or captured is invalidated."""
         if seed is not None:
             self.seed = seed
-        self.generator.manual_seed(self.seed)
-        self.cache.reset()
-        self._ring.copy_(self._initial[:, None].expand_as(self._ring))
-        self._offset.zero_()
+        self.state.reset(self.seed)
         self.frame = 0
+
+    def scratch(self) -> tuple[MoshiState, torch.Tensor]:
+        """Inputs of the frame step's shapes on a private state (its own caches, ring and generator):
+        what the step is compiled on in the background while the conversation runs on ``state``."""
+        with torch.inference_mode(False):
+            state = MoshiState(self.lm, self.sampling, self.capacity, torch.Generator(device=self.device))
+            state.reset(0)
+            state.draw()
+            user = torch.zeros(self.cfg.user_codebooks, dtype=torch.long, device=self.device)
+        return state, user
+
+    def _frame(self, state: MoshiState, user: torch.Tensor) -> torch.Tensor:
+        """One frame on the device, the runner's step: the user's codes [user_codebooks] in; every
+        generated stream's token of the frame ``max_delay`` behind, realigned [1 + dep_q], out (valid
+        once the delays have filled, which the host's frame counter tells).  Writes ``state`` in
+        place and never ``user``; no host sync and no branch on a tensor."""
+        cfg, lm = self.cfg, self.lm
+        ring, offset = state.ring, state.offset
+        width = ring.shape[1]
+        cells = ring.view(-1)
+        cells.index_copy_(0, state.user_cells + (offset + state.user_delays) % width, user)
+        current = ring.index_select(1, offset % width).squeeze(1)
+        tokens = torch.where(offset <= state.delays, state.initial, current)
+
+        hidden, text_logits = lm.temporal_step(tokens, state.cache)
+        state.text_logits.copy_(text_logits[0])
+        chosen = [state.text_sampler.choose(text_logits[0])]
+        projected = lm.depformer.project(hidden)
+        for k in range(cfg.dep_q):
+            logits = lm.depformer(k, projected, chosen[-1], state.depformer_cache)
+            chosen.append(state.audio_sampler.choose(logits[0], k))
+
+        offset.add_(1)
+        cells.index_copy_(0, state.generated_cells + offset % width, torch.cat(chosen))
+        # realign: the stream delayed by d was generated d frames after the undelayed ones
+        return cells.index_select(0, state.generated_cells + (offset - cfg.max_delay + state.generated_delays) % width)
 
     @torch.no_grad()
     def step(self, user_codes) -> MoshiFrame | None:
         """Feed one frame of the user's codes ([n_q - dep_q] ints in [0, card); extra codebooks are
         ignored, as the reference does); returns Moshi's frame ``max_delay`` frames back, None until
         there is one.  Nothing here waits for the device: read ``text_id`` when the text is needed."""
-        cfg, lm = self.cfg, self.lm
-        user = torch.as_tensor(user_codes, dtype=torch.long, device=self._ring.device).reshape(-1)
+        cfg = self.cfg
+        user = torch.as_tensor(user_codes, dtype=torch.long, device=self.device).reshape(-1)
         if user.numel() < cfg.user_codebooks:
             raise ValueError(f"expected {cfg.user_codebooks} user codes per frame, got {user.numel()}")
-        width = self._ring.shape[1]
-        ring = self._ring
-        ring.index_put_((self._user_rows, (self._offset + self._user_delays) % width), user[:cfg.user_codebooks])
-        current = ring.index_select(1, self._offset % width).squeeze(1)
-        tokens = torch.where(self._offset <= self._delays, self._initial, current)
-
-        hidden, text_logits = lm.temporal_step(tokens, self.cache)
-        self.text_logits.copy_(text_logits[0])
-        out = self._generated
-        out[:1] = self._text_sampler(text_logits[0])
-        projected = lm.depformer.project(hidden)
-        prev = out[:1]
-        for k in range(cfg.dep_q):
-            logits = lm.depformer(k, projected, prev, self.depformer_cache)
-            out[1 + k:2 + k] = self._audio_sampler(logits[0])
-            prev = out[1 + k:2 + k]
-
-        self._offset += 1
-        ring.index_put_((self._generated_rows, (self._offset % width).expand_as(self._generated_rows)), out)
+        self.state.draw()  # the generator runs here, outside the (compiled or captured) step
+        out = self._frame_step(self.state, user[:cfg.user_codebooks])
         self.frame += 1
         if self.frame <= cfg.max_delay:
             return None
-        # realign: the stream delayed by d was generated d frames after the undelayed ones
-        tokens_out = ring[self._generated_rows, (self._offset - cfg.max_delay + self._generated_delays) % width]
-        return MoshiFrame(text=tokens_out[0], audio=tokens_out[1:])
+        return MoshiFrame(text=out[0], audio=out[1:])
 
 
 # ---------------------------------------------------------------- weights
@@ -430,5 +516,5 @@ def load_moshi_lm(path: str | Path, config: MoshiConfig, device: str | torch.dev
     return lm.eval()
 
 
-__all__ = ["DepformerCache", "MoshiFrame", "MoshiLM", "MoshiLMGen", "TokenSampler", "check_mapping", "load_moshi_lm",
-           "weight_map"]
+__all__ = ["DepformerCache", "MoshiFrame", "MoshiLM", "MoshiLMGen", "MoshiState", "TokenSampler", "check_mapping",
+           "load_moshi_lm", "weight_map"]

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from ...engine.executor import stage
-from ..sampling import Sampler, SamplingParams, sample
+from ..sampling import Sampler, SamplingParams, device_generator, sample
 from ..thinker_talker import DEFAULT_CHARS_PER_SECOND, ReplyState, ThinkerTalkerExecutor, generation_defaults
 from .loading import OmniStack
 from .reply import SPEECH_SYSTEM_PROMPT, talker_defaults, thinker_stop_ids
@@ -69,7 +69,7 @@ class QwenOmniExecutor(ThinkerTalkerExecutor):
         tcfg = self.cfg.talker
         # allocated once (re-seeded and cleared per reply) so a captured talker step keeps its buffers
         self.codec_sampler = Sampler(self.talker_sampling, tcfg.decoder.vocab_size, stack.device,
-                                     torch.Generator(device=stack.device))
+                                     device_generator(stack.device))
         with torch.inference_mode(False):
             self._talker_pos = torch.zeros(1, dtype=torch.long, device=stack.device)
         self._setup(capacity, max_reply_tokens, system_prompt, thinker_sampling or thinker_defaults(stack),

@@ -31,10 +31,28 @@ says where each goes.  Two ways to run them, same numbers:
   expert and run one matmul per expert that received tokens (one host sync).
   On the CPU the gather's weight copy costs more than the math: one token through
   8 of the thinker's experts took ~21 ms gathered vs ~4 ms grouped (bf16, 2 cores).
+
+Two ways to run a step over a preallocated :class:`KVCache`:
+
+* :meth:`Decoder.forward` (prefill, any T): positions follow ``cache.length``,
+  attention reads the valid prefix, experts grouped;
+* :meth:`Decoder.forward_static` (the decode steps of omnidesk.models.runner): writes
+  with ``index_copy_`` at tensor positions ``input_pos`` and masks by position, so no
+  shape or Python value depends on the step and nothing reads the device from the host.
+  Its experts: on the CPU, eagerly, ``grouped_mm`` over the sorted pairs with device
+  offsets (the grouped path's numbers without its host sync: one token through the
+  thinker's 8 of 128 experts 3.9 ms in bf16 against 59 ms gathered, 2 cores); compiled,
+  or on an accelerator, gathered (inductor has no fp32 ``grouped_mm`` on the CPU and its
+  bf16 one took 44 ms; on CUDA ``bincount`` reads its result on the host, which a CUDA
+  graph cannot capture, and the gather costs 0.17 ms per thinker layer per token on an
+  H200, eager or replayed).
+
+Both give the same numbers (tests/test_qwen3_decoder.py).
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,7 +61,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..checkpoint import ConfigError, Target, config_field
-from ..kv_cache import KVCache
+from ..kv_cache import KVCache, KVSpan
 from ..layers import RMSNorm, apply_rotary
 
 # Steps of at most this many tokens on an accelerator run the experts by gathering their
@@ -255,23 +273,33 @@ class Attention(nn.Module):
         self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
         self.scale = self.head_dim ** -0.5
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache, start: int,
-                mask: torch.Tensor | None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache | KVSpan, start: int,
+                mask: torch.Tensor | None, input_pos: torch.Tensor | None = None) -> torch.Tensor:
+        """x [T, H] at positions [start, start + T), or at ``input_pos`` [T] (static form: the whole
+        cache or span is attended, ``mask`` [group * T, span] hides what is not valid yet)."""
         t = x.shape[0]
         q, k, v = self.wqkv(x).split((self.q_size, self.kv_size, self.kv_size), dim=-1)
         q = apply_rotary(self.q_norm(q.view(t, self.n_heads, self.head_dim)).transpose(0, 1), cos, sin)
         k = apply_rotary(self.k_norm(k.view(t, self.n_kv, self.head_dim)).transpose(0, 1), cos, sin)
-        end = start + t
-        ck, cv = cache.k[self.layer_idx][0], cache.v[self.layer_idx][0]  # [n_kv, capacity, D]
-        ck[:, start:end] = k
-        cv[:, start:end] = v.view(t, self.n_kv, self.head_dim).transpose(0, 1)
-        keys, values = ck[:, :end], cv[:, :end]
+        v = v.view(t, self.n_kv, self.head_dim).transpose(0, 1)
+        ck, cv = cache.k[self.layer_idx][0], cache.v[self.layer_idx][0]  # [n_kv, capacity or span, D]
+        if input_pos is None:
+            end = start + t
+            ck[:, start:end] = k
+            cv[:, start:end] = v
+            keys, values = ck[:, :end], cv[:, :end]
+        else:
+            ck.index_copy_(1, input_pos, k)
+            cv.index_copy_(1, input_pos, v)
+            keys, values = ck, cv
         # Grouped-query attention without repeating K/V: the query heads that
         # share a KV head become extra query rows of that head.
         qg = q.reshape(self.n_kv, self.group * t, self.head_dim)
-        if mask is None and x.device.type == "cpu":
+        if t == 1 and x.device.type == "cpu":
             # one query per head: plain matmul-softmax-matmul (the fused CPU kernel's fixed cost is larger)
             scores = torch.matmul(qg, keys.transpose(-1, -2)) * self.scale
+            if mask is not None:  # static form: positions after input_pos are not written yet
+                scores = scores.masked_fill(~mask, float("-inf"))
             out = torch.matmul(scores.softmax(dim=-1, dtype=torch.float32).to(values.dtype), values)
         else:
             out = F.scaled_dot_product_attention(qg, keys, values, attn_mask=mask, scale=self.scale)
@@ -321,7 +349,9 @@ class MoE(nn.Module):
     def _gathered(self, x: torch.Tensor, experts: torch.Tensor) -> torch.Tensor:
         """Expert outputs [T * k, H] for each (token, slot), from the routed experts' weights only."""
         flat = experts.reshape(-1)
-        xs = x.repeat_interleave(self.top_k, dim=0).unsqueeze(-1)  # [T*k, H, 1]
+        t, width = x.shape
+        # [T*k, H, 1]: row i is token i // k (an expand, not repeat_interleave: nothing to capture but a copy)
+        xs = x[:, None].expand(t, self.top_k, width).reshape(t * self.top_k, width, 1)
         h = torch.bmm(self.experts_w13.index_select(0, flat), xs).squeeze(-1)  # [T*k, 2I]
         gate, up = h.split(self.intermediate, dim=-1)
         act = (F.silu(gate) * up).unsqueeze(-1)
@@ -344,18 +374,64 @@ class MoE(nn.Module):
             start += n
         return torch.empty_like(ys).index_copy_(0, order, ys)
 
-    def forward(self, x: torch.Tensor, grouped: bool | None = None) -> torch.Tensor:
-        """x [T, H] -> [T, H].  ``grouped`` picks the expert path (default: gather for at most
-        GATHER_MAX_TOKENS tokens off the CPU, grouped otherwise)."""
+    def _grouped_mm(self, x: torch.Tensor, experts: torch.Tensor) -> torch.Tensor:
+        """Same as :meth:`_grouped` without its host sync: the sorted pairs through ``grouped_mm``,
+        each expert's rows delimited by offsets computed on the device (experts no token chose
+        get empty groups)."""
+        flat = experts.reshape(-1)
+        order = torch.argsort(flat, stable=True)
+        offsets = torch.bincount(flat, minlength=self.num_experts).cumsum(0).to(torch.int32)
+        xs = x.index_select(0, order // self.top_k)
+        # out_dtype spelled out: without it the CPU kernel takes a path ~10x slower in bf16
+        h = F.grouped_mm(xs, self.experts_w13.transpose(1, 2), offs=offsets, out_dtype=x.dtype)
+        gate, up = h.split(self.intermediate, dim=-1)
+        ys = F.grouped_mm(F.silu(gate) * up, self.experts_w2.transpose(1, 2), offs=offsets, out_dtype=x.dtype)
+        return torch.empty_like(ys).index_copy_(0, order, ys)
+
+    def _combine(self, x: torch.Tensor, y: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         t, h = x.shape
-        weights, experts = self.route(x)
-        if grouped is None:
-            grouped = x.device.type == "cpu" or t > GATHER_MAX_TOKENS
-        y = self._grouped(x, experts) if grouped else self._gathered(x, experts)
         out = (y.view(t, self.top_k, h) * weights.unsqueeze(-1)).sum(dim=1)
         if self.shared_expert is not None:
             out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
         return out
+
+    def forward(self, x: torch.Tensor, grouped: bool | None = None) -> torch.Tensor:
+        """x [T, H] -> [T, H].  ``grouped`` picks the expert path (default: gather for at most
+        GATHER_MAX_TOKENS tokens off the CPU, grouped otherwise)."""
+        weights, experts = self.route(x)
+        if grouped is None:
+            grouped = x.device.type == "cpu" or x.shape[0] > GATHER_MAX_TOKENS
+        return self._combine(x, self._grouped(x, experts) if grouped else self._gathered(x, experts), weights)
+
+    def forward_static(self, x: torch.Tensor) -> torch.Tensor:
+        """:meth:`forward` without a host sync, for a decode step (see the module docstring for
+        which expert path runs where)."""
+        weights, experts = self.route(x)
+        if (x.device.type == "cpu" and not torch.compiler.is_compiling()
+                and grouped_mm_works(x.dtype)):
+            y = self._grouped_mm(x, experts)
+        else:
+            y = self._gathered(x, experts)
+        return self._combine(x, y, weights)
+
+
+@functools.lru_cache(maxsize=None)
+def grouped_mm_works(dtype: torch.dtype) -> bool:
+    """Whether this torch has a CPU ``grouped_mm`` for ``dtype`` that equals per-expert matmuls
+    (torch < 2.10 has none; checked once on a small problem, like the quantized kernels)."""
+    if not hasattr(F, "grouped_mm"):
+        return False
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(3, 8, 16, generator=g).to(dtype)
+    x = torch.randn(4, 16, generator=g).to(dtype)
+    offsets = torch.tensor([1, 1, 4], dtype=torch.int32)  # an empty group in the middle
+    try:
+        with torch.inference_mode():
+            got = F.grouped_mm(x, w.transpose(1, 2), offs=offsets, out_dtype=dtype)
+    except (RuntimeError, TypeError, NotImplementedError):
+        return False
+    want = torch.cat([F.linear(x[:1], w[0]), F.linear(x[1:], w[2])])
+    return got.shape == want.shape and bool(torch.allclose(got.float(), want.float(), rtol=1e-2, atol=1e-2))
 
 
 class DecoderLayer(nn.Module):
@@ -365,10 +441,12 @@ class DecoderLayer(nn.Module):
         self.self_attn = Attention(cfg, layer_idx)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MoE(cfg) if cfg.is_sparse(layer_idx) else MLP(cfg.hidden_size, cfg.intermediate_size)
+        self.sparse = isinstance(self.mlp, MoE)
 
-    def forward(self, x, cos, sin, cache, start, mask):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache, start, mask)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(self, x, cos, sin, cache, start, mask, input_pos=None):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache, start, mask, input_pos)
+        h = self.post_attention_layernorm(x)
+        return x + (self.mlp.forward_static(h) if input_pos is not None and self.sparse else self.mlp(h))
 
 
 class Decoder(nn.Module):
@@ -419,6 +497,22 @@ class Decoder(nn.Module):
             return out
         return out, (out if hidden_layer == n else picked)
 
+    def forward_static(self, embeds: torch.Tensor, cache: KVCache | KVSpan, input_pos: torch.Tensor) -> torch.Tensor:
+        """Static-shape step: embeds [T, H] written at ``input_pos`` [T] (long, on the device) ->
+        final-normed hidden [T, H], without a host sync (a compiled or captured decode step).
+
+        Attends over the whole of ``cache`` (its capacity, or a :class:`KVSpan`'s first positions),
+        masking every position after the query's own; ``cache.length`` is the caller's.  The rotary
+        table must already cover ``cache.capacity`` (grow it before compiling: ``rotary.table``)."""
+        span = cache.k[0].shape[2]
+        mask = (torch.arange(span, device=embeds.device)[None, :] <= input_pos[:, None]).repeat(self.group, 1)
+        cos, sin = self.rotary.table(cache.capacity, embeds.dtype)
+        cos, sin = cos.index_select(0, input_pos), sin.index_select(0, input_pos)
+        x = embeds
+        for layer in self.layers:
+            x = layer(x, cos, sin, cache, 0, mask, input_pos)
+        return self.norm(x)
+
 
 # ---------------------------------------------------------------- checkpoint names
 
@@ -468,4 +562,4 @@ def decoder_weight_map(ckpt_prefix: str, ours_prefix: str, cfg: DecoderConfig) -
     return out
 
 
-__all__ = ["Decoder", "DecoderConfig", "GATHER_MAX_TOKENS", "MoE", "decoder_weight_map"]
+__all__ = ["Decoder", "DecoderConfig", "GATHER_MAX_TOKENS", "MoE", "decoder_weight_map", "grouped_mm_works"]

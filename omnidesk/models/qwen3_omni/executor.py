@@ -23,6 +23,15 @@ What is Qwen3-Omni's own, as the reference's ``generate`` feeds its talker:
 
 The talker cache therefore holds fewer rows than the thinker's: ``context_used``
 marks the user positions and the shared code counts them.
+
+Decode steps (omnidesk.models.runner): the thinker's reply token is the shared
+step (:meth:`_decode_thinker`: the static thinker, the row from ``text_projection``
+of the token's embedding, since a reply token is text); a frame is ONE step,
+``talker_frame``: the code predictor's G-1 sub-steps (its own G-position cache,
+codes sampled on the device with noise drawn for all G-1 rows before the step),
+then the talker's step on the frame's embeddings + the next reply row, which
+chooses the next code 0 (repetition penalty, suppressed ids).  The executor reads
+the frame's codes and that next code 0 with one host sync per frame.
 """
 
 from __future__ import annotations
@@ -33,7 +42,8 @@ import numpy as np
 import torch
 
 from ...engine.executor import stage
-from ..sampling import Sampler, SamplingParams
+from ..kv_cache import KVCache, KVSpan
+from ..sampling import Sampler, SamplingParams, device_generator, sample
 from ..thinker_talker import DEFAULT_CHARS_PER_SECOND, ReplyState, ThinkerTalkerExecutor, generation_defaults
 from .loading import Qwen3OmniStack
 
@@ -85,19 +95,28 @@ def predictor_defaults(greedy: bool = False) -> SamplingParams:
 
 @dataclass(eq=False)
 class Qwen3Reply(ReplyState):
+    """A Qwen3-Omni reply.  ``next_code`` is the next code 0 as the shared talker_step reads it: after
+    the first frame a host copy (read with the frame's codes in the frame's one sync, so reading it
+    costs no second sync); ``code0`` is the same code on the device, the next frame step's input."""
+
     speaker_id: int | None = None  # the voice's codec id in the talker's prefill
     talker_hidden: torch.Tensor | None = None  # the talker's last hidden state: the code predictor's input
+    code0: torch.Tensor | None = None  # the next code 0 ([1] on the device)
     predictor_sampler: Sampler | None = None
 
 
 class Qwen3OmniExecutor(ThinkerTalkerExecutor):
+    """The Qwen3-Omni conversation (see the module docstring); ``compile`` is the decode-step
+    setting (omnidesk.models.runner.resolve_mode)."""
+
     reply_state = Qwen3Reply
+    family = "qwen3_omni"
 
     def __init__(self, stack: Qwen3OmniStack, capacity: int = 4096, max_reply_tokens: int = 512,
                  max_codec_tokens: int = 1500, system_prompt: str = SYSTEM_PROMPT,
                  thinker_sampling: SamplingParams | None = None, talker_sampling: SamplingParams | None = None,
                  predictor_sampling: SamplingParams | None = None,
-                 chars_per_second: float = DEFAULT_CHARS_PER_SECOND):
+                 chars_per_second: float = DEFAULT_CHARS_PER_SECOND, compile: str | None = None):
         cfg = stack.config
         if cfg.talker is None or stack.talker is None:
             raise ValueError(f"{stack.path}: this checkpoint has no talker (enable_audio_output is false)")
@@ -116,9 +135,22 @@ class Qwen3OmniExecutor(ThinkerTalkerExecutor):
         self.samples_per_code = self.code2wav.samples_per_frame
         self.talker_width = cfg.talker.text.hidden_size  # rows are projected into the talker's width
         self.talker_cache = self.talker.new_cache(capacity + max_codec_tokens + 16)
-        self.predictor_cache = self.talker.code_predictor.new_cache(stack.dtype, stack.device)  # one frame, reused
+        predictor = self.talker.code_predictor
+        groups = predictor.num_code_groups
+        # Frame-step state allocated once (re-seeded and cleared per reply), so a captured frame keeps its
+        # buffers: the samplers (the predictor's draws noise for its G-1 codes at once), the predictor's
+        # one-frame cache, its positions 0..G-1 and the talker's position input.  Normal tensors even when
+        # made under inference_mode: the engine's worker thread writes them outside it.
+        self.codec_sampler = Sampler(self.talker_sampling, cfg.talker.text.vocab_size, stack.device,
+                                     device_generator(stack.device))
+        self.predictor_sampler = Sampler(self.predictor_sampling, predictor.vocab_size, stack.device,
+                                         device_generator(stack.device), rows=groups - 1)
+        with torch.inference_mode(False):
+            self.predictor_cache = predictor.new_cache(stack.dtype, stack.device)
+            self._frame_pos = torch.arange(groups, device=stack.device)
+            self._talker_pos = torch.zeros(1, dtype=torch.long, device=stack.device)
         self._setup(capacity, max_reply_tokens, system_prompt,
-                    thinker_sampling or generation_defaults(stack.generation_config), chars_per_second)
+                    thinker_sampling or generation_defaults(stack.generation_config), chars_per_second, compile)
         tail = self._turn_pieces["tail"]
         if len(tail) < 3 or tail[-3] != cfg.im_start_id or tail[-2] != cfg.assistant_id:
             # the talker's prompt takes the last three prompt rows as <|im_start|>assistant\n, as the reference does
@@ -140,6 +172,73 @@ class Qwen3OmniExecutor(ThinkerTalkerExecutor):
         used = torch.tensor([r == user for r in roles], dtype=torch.bool, device=self.device)
         return hidden, rows, used
 
+    def _decode_thinker(self, embeds, cache, input_pos):
+        # a reply token is text: its row is its input embedding's projection, as _forward_thinker
+        # makes it for a text position
+        return self.thinker.forward_static(embeds, cache, input_pos), self.talker.text_projection(embeds)
+
+    def _decode_used(self, token: int) -> bool:
+        # turn_roles' rule, as a prefill of the whole conversation applies it: a reply token belongs to the
+        # assistant turn (not read), unless the model opened another turn itself.  An <|im_start|> takes the
+        # role of the token after it, unknown when it was decoded: once that token says "user", the
+        # <|im_start|> before it is read too.
+        before, cfg = self.ids, self.cfg
+        used = turn_roles([token], cfg.im_start_id, before=before)[0] == cfg.user_id
+        if used and before and before[-1] == cfg.im_start_id:
+            self.context_used[len(before) - 1] = True
+        return used
+
+    def _register_steps(self) -> None:
+        predictor = self.talker.code_predictor
+        for decoder, cache in ((self.thinker.decoder, self.thinker_cache), (self.talker.decoder, self.talker_cache),
+                               (predictor.decoder, self.predictor_cache)):
+            decoder.rotary.table(cache.capacity, self.stack.dtype)  # grown here, not inside a compiled step
+        self._talker_frame_step = self.runner.step("talker_frame", self._talker_frame, self._frame_example)
+
+    def _frame_example(self) -> tuple:
+        """Scratch inputs of the frame step's shapes (compiling runs it on them): a private span of
+        the talker cache, a private predictor cache, samplers like the executor's, zero inputs."""
+        device, dtype = self.device, self.stack.dtype
+        predictor = self.talker.code_predictor
+        codec = Sampler(self.talker_sampling, self.codec_sampler.seen.shape[0], device, device_generator(device))
+        codes = Sampler(self.predictor_sampling, predictor.vocab_size, device, device_generator(device),
+                        rows=predictor.num_code_groups - 1)
+        codec.draw()
+        codes.draw()
+        with torch.inference_mode(False):
+            cache = predictor.new_cache(dtype, device)
+            hidden = torch.zeros(self.talker_width, dtype=dtype, device=device)
+            code0 = torch.zeros(1, dtype=torch.long, device=device)
+            row = torch.zeros(self.talker_width, dtype=dtype, device=device)
+            pos = torch.full((1,), 3, dtype=torch.long, device=device)
+        return KVSpan.scratch(self.talker_cache, 16, dynamic=True), cache, codec, codes, hidden, code0, row, pos
+
+    def _talker_frame(self, cache: KVCache | KVSpan, predictor_cache: KVCache, codec: Sampler, predictor: Sampler,
+                      hidden: torch.Tensor, code0: torch.Tensor, reply_row: torch.Tensor, input_pos: torch.Tensor):
+        """One 80 ms frame as a decode step: the talker's last hidden state [H] and its code 0 [1] -> the
+        code predictor's codes 1..G-1 (sampled with ``predictor``'s noise, one row per code), then the
+        frame's embeddings + ``reply_row`` [H] through the talker at ``input_pos`` [1] -> (the frame [G],
+        the talker's hidden state [H], the next code 0 [1] chosen and marked in ``codec``)."""
+        params = predictor.params
+        seen = None
+        if params.repetition_penalty != 1.0:  # each frame's expansion is its own sequence in the reference
+            seen = predictor.seen
+            seen.zero_()
+        noise = None if predictor.noise is None else predictor.noise.view(-1, predictor.noise.shape[-1])
+
+        def choose(logits: torch.Tensor, group: int) -> torch.Tensor:
+            code = sample(logits, params, seen, None if noise is None else noise[group - 1], predictor.suppress)
+            if seen is not None:
+                predictor.mark(code)
+            return code
+
+        frame, embedding = self.talker.code_predictor.expand_static(hidden, code0, self.talker, predictor_cache,
+                                                                    self._frame_pos, choose)
+        h, logits = self.talker.forward_static((embedding + reply_row)[None], cache, input_pos)
+        nxt = sample(logits[-1], codec.params, codec.seen, codec.noise, codec.suppress)
+        codec.mark(nxt)
+        return frame, h[-1], nxt
+
     def _text_rows(self, token_ids: list[int]) -> torch.Tensor:
         w = self.thinker.embed_tokens.weight
         return self.talker.text_projection(w[torch.tensor(token_ids, device=self.device)])
@@ -155,13 +254,12 @@ class Qwen3OmniExecutor(ThinkerTalkerExecutor):
             if name is None:
                 raise KeyError(f"voice '{voice}' is not a speaker of {self.stack.path / 'config.json'} "
                                f"(talker_config.speaker_id has: {', '.join(self.stack.voices)})")
-        vocab = self.cfg.talker.text.vocab_size
-        codec_gen = torch.Generator(device=self.device).manual_seed(seed + 1)
-        predictor_gen = torch.Generator(device=self.device).manual_seed(seed + 2)
-        predictor_vocab = self.talker.code_predictor.vocab_size
         r.voice, r.speaker_id = name, self.stack.voices[name]
-        r.codec_sampler = Sampler(self.talker_sampling, vocab, self.device, codec_gen)
-        r.predictor_sampler = Sampler(self.predictor_sampling, predictor_vocab, self.device, predictor_gen)
+        # one generator per stage (the text takes seed): draws do not depend on how the stages interleave
+        for sampler, offset in ((self.codec_sampler, 1), (self.predictor_sampler, 2)):
+            sampler.generator.manual_seed(seed + offset)
+            sampler.reset()
+        r.codec_sampler, r.predictor_sampler = self.codec_sampler, self.predictor_sampler
         with stage("vocoder"):
             r.stream = self.code2wav.stream()
 
@@ -180,17 +278,23 @@ class Qwen3OmniExecutor(ThinkerTalkerExecutor):
         hidden, logits = self.talker(torch.cat([new_rows, text + codec]), self.talker_cache)
         self.talker_context = self.prompt_end
         r.talker_hidden, r.talker_logits = hidden[-1], logits[-1]
+        r.code0 = r.next_code = r.codec_sampler.pick(r.talker_logits)
 
     def _advance_talker(self, r: "Qwen3Reply", code0: int) -> None:
-        """One 80 ms frame: codebook 0 chosen from the talker, the rest from the code predictor."""
-        codes = self.talker.code_predictor.expand(r.talker_hidden, code0, self.talker,
-                                                  lambda logits, step: r.predictor_sampler.choose(logits),
-                                                  cache=self.predictor_cache)
-        r.predictor_sampler.reset()  # each frame's expansion is its own sequence in the reference
-        r.codes.append(codes)
-        step_input = self.talker.frame_embedding(codes) + r.feed.next()
-        hidden, logits = self.talker(step_input[None], self.talker_cache)
-        r.talker_hidden, r.talker_logits = hidden[-1], logits[-1]
+        """One 80 ms frame (one decode step): the code predictor completes the frame of ``code0``
+        (= ``r.code0`` on the device), the talker reads it with the next reply row and chooses the
+        next code 0."""
+        start = self.talker_cache.reserve(1)
+        self._talker_pos.fill_(start)
+        r.predictor_sampler.draw()
+        r.codec_sampler.draw()
+        frame, r.talker_hidden, r.code0 = self._talker_frame_step(
+            self._cache_arg(self.talker_cache, start + 1), self.predictor_cache, r.codec_sampler,
+            r.predictor_sampler, r.talker_hidden, r.code0, r.feed.next(), self._talker_pos)
+        self.talker_cache.length = start + 1
+        codes = torch.cat((frame, r.code0)).tolist()  # the frame's one host sync
+        r.codes.append(codes[:-1])
+        r.next_code = torch.tensor(codes[-1:])  # on the host: talker_step's int() waits for nothing
 
     def vocoder_step(self, final: bool = False) -> list[np.ndarray]:
         """Every new frame becomes audio now (code2wav is causal: nothing waits for later frames)."""
@@ -213,8 +317,9 @@ class Qwen3OmniExecutor(ThinkerTalkerExecutor):
 
 
 def executor_for(stack: Qwen3OmniStack, greedy: bool = False, max_text_tokens: int | None = None,
-                 max_codec_tokens: int | None = None) -> Qwen3OmniExecutor:
-    """The executor every front end (talk, live, the window) uses for a loaded stack.
+                 max_codec_tokens: int | None = None, compile: str | None = None) -> Qwen3OmniExecutor:
+    """The executor every front end (talk, live, the window) uses for a loaded stack; ``compile``:
+    the decode-step setting (omnidesk.models.runner.resolve_mode).
 
     The demo model rarely says "stop" (it is untrained), so its replies are capped at about 6 s
     (75 frames) unless the caller sets limits."""
@@ -230,4 +335,4 @@ def executor_for(stack: Qwen3OmniStack, greedy: bool = False, max_text_tokens: i
     return Qwen3OmniExecutor(
         stack, **limits,
         thinker_sampling=SamplingParams(greedy=True) if greedy else generation_defaults(stack.generation_config),
-        talker_sampling=talker_defaults(stack, greedy=greedy))
+        talker_sampling=talker_defaults(stack, greedy=greedy), compile=compile)

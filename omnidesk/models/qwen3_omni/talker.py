@@ -17,6 +17,11 @@ reference's ``Qwen3OmniMoeTalkerForConditionalGeneration`` generates it:
 Text enters through ``text_projection`` and thinker hidden states (audio
 positions) through ``hidden_projection``: both 2-layer MLPs with biases,
 thinker width -> talker ``intermediate_size`` -> talker width, SiLU between.
+
+Steps 2 and 3 also exist in static form (:meth:`CodePredictor.expand_static`,
+:meth:`Talker.forward_static`): codes stay on the device and every position is a
+tensor or a constant, so a frame is one compiled or captured decode step
+(omnidesk.models.runner) with no host sync; the numbers are those of the eager form.
 """
 
 from __future__ import annotations
@@ -28,11 +33,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..checkpoint import ConfigError, Target
-from ..kv_cache import KVCache
+from ..kv_cache import KVCache, KVSpan
 from .decoder import Decoder, DecoderConfig, _join, decoder_weight_map
 
 # choose(logits [V] fp32, group) -> code; ``group`` is the code group being chosen (1..G-1)
 Choose = Callable[[torch.Tensor, int], int]
+# the same on the device: -> code [1] (long), no host sync
+ChooseOnDevice = Callable[[torch.Tensor, int], torch.Tensor]
 
 
 def greedy(logits: torch.Tensor, group: int) -> int:
@@ -100,6 +107,27 @@ class CodePredictor(nn.Module):
                 x = self.codec_embedding[group - 1].weight[code].unsqueeze(0)
         return codes
 
+    def expand_static(self, talker_hidden: torch.Tensor, code0: torch.Tensor, talker: "Talker",
+                      cache: KVCache, positions: torch.Tensor, choose: ChooseOnDevice
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`expand` as a static-shape computation for a decode step: code 0 [1] on the device
+        -> (the frame's codes [G] long, the frame's code embeddings summed [H], as
+        :meth:`Talker.frame_embedding` gives them).  ``cache`` (:meth:`new_cache`) is overwritten
+        from position 0 (its stale entries are masked by position, so it needs no reset);
+        ``positions`` is ``arange(G)`` on the device; ``choose`` picks each code on the device."""
+        first = talker.codec_embed(code0).to(talker_hidden.dtype)
+        hidden = self.decoder.forward_static(torch.cat((talker_hidden[None], first)), cache, positions[:2])[-1]
+        codes, rows = [code0], [first]
+        for group in range(1, self.num_code_groups):
+            code = choose(self.lm_head[group - 1](hidden).float(), group)
+            codes.append(code)
+            rows.append(self.codec_embedding[group - 1](code))
+            if group < self.num_code_groups - 1:
+                # code g is read at position g + 1 (the prefill took 0 and 1)
+                hidden = self.decoder.forward_static(rows[-1], cache, positions[group + 1:group + 2])[-1]
+        # summed like frame_embedding (and the reference): one reduction over the stacked rows
+        return torch.cat(codes), torch.cat(rows).sum(dim=0)
+
 
 class Talker(nn.Module):
     def __init__(self, cfg: TalkerShape):
@@ -130,6 +158,13 @@ class Talker(nn.Module):
         """embeds [T, H] (talker width) appended to the cache -> (final-normed hidden [T, H],
         code-0 logits [T, V] in fp32)."""
         hidden = self.decoder(embeds, cache)
+        return hidden, self.codec_head(hidden).float()
+
+    def forward_static(self, embeds: torch.Tensor, cache: KVCache | KVSpan, input_pos: torch.Tensor
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`forward` as a static-shape step: embeds [T, H] written at ``input_pos`` [T]
+        (:meth:`Decoder.forward_static`; ``cache.length`` is the caller's)."""
+        hidden = self.decoder.forward_static(embeds, cache, input_pos)
         return hidden, self.codec_head(hidden).float()
 
     def expand(self, talker_hidden: torch.Tensor, code0: int, choose: Choose = greedy) -> list[int]:
@@ -169,4 +204,5 @@ def talker_weight_map(cfg: TalkerShape, ours: str = "talker") -> dict[str, Targe
     return out
 
 
-__all__ = ["Choose", "CodePredictor", "ResizeMLP", "Talker", "TalkerShape", "greedy", "talker_weight_map"]
+__all__ = ["Choose", "ChooseOnDevice", "CodePredictor", "ResizeMLP", "Talker", "TalkerShape", "greedy",
+           "talker_weight_map"]

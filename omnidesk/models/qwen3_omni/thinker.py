@@ -15,7 +15,7 @@ from torch import nn
 from typing import Protocol
 
 from ..checkpoint import Target
-from ..kv_cache import KVCache
+from ..kv_cache import KVCache, KVSpan
 from ..layers import fill_placeholders
 from .audio_encoder import AudioEncoder
 from .decoder import Decoder, DecoderConfig, _join, decoder_weight_map
@@ -51,6 +51,11 @@ class Thinker(nn.Module):
         """Prefill or decode: embeds [T, H] appended to the cache -> final-normed hidden [T, H]
         (and the hidden state after layer ``hidden_layer``, see Decoder.forward)."""
         return self.decoder(embeds, cache, hidden_layer)
+
+    def forward_static(self, embeds: torch.Tensor, cache: KVCache | KVSpan, input_pos: torch.Tensor) -> torch.Tensor:
+        """One decode step in static form: embeds [T, H] written at ``input_pos`` [T] -> final-normed
+        hidden [T, H], without a host sync (Decoder.forward_static)."""
+        return self.decoder.forward_static(embeds, cache, input_pos)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden).float()
