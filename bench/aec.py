@@ -10,7 +10,10 @@ delay, plus decaying reflections) with -80 dBFS noise; 40 ms blocks at 16 kHz.
   reduction (ERLE) after the first second, ERLE over the first 0.5 s
   (convergence), with the delay hint left at 0 and with the true delay given.
 * noise suppression on/off at 60 ms.
-* CPU: process time per second of audio (median of --repeats runs), 40 ms blocks.
+* CPU: process time per second of audio (median of --repeats runs), 40 ms blocks; and per
+  canceller rate (16 kHz, where a Qwen model's canceller runs; 48 kHz, where Moshi's does, see
+  omnidesk/audio/capture.py): the scene resampled to that rate, with a 24 kHz model's 2:1
+  resample after it, and the 6.25 s duplex warm-up a session pays once at its start.
 
 Run:  .venv/bin/python bench/aec.py [--repeats 5 --out FILE]   (JSON on stdout; also to FILE if given)
 """
@@ -58,19 +61,51 @@ def measure(delay_ms: float, hint_ms: float, noise_suppression: bool = True) -> 
             "erle_first_0.5s_db": echo_reduction_db(mic[first], cleaned[first], RATE, skip_s=0.0)}
 
 
-def cpu_per_audio_second(repeats: int, noise_suppression: bool = True) -> dict:
+def cpu_per_audio_second(repeats: int, noise_suppression: bool = True, rate: int = RATE) -> dict:
+    import soxr
+
     mic, reference = scene(60)
-    audio_s = len(mic) / RATE
+    if rate != RATE:  # the same scene at the canceller's rate (one filter for both, as the session does)
+        mic, reference = (soxr.resample(x, RATE, rate).astype(np.float32) for x in (mic, reference))
+    frame = rate * FRAME // RATE
+    n = len(mic) // frame * frame
+    mic, reference = mic[:n], reference[:n]
+    audio_s = n / rate
     cpu, wall = [], []
     for _ in range(repeats):
-        canceller = EchoCanceller(RATE, noise_suppression=noise_suppression, delay_ms=60)
+        canceller = EchoCanceller(rate, noise_suppression=noise_suppression, delay_ms=60)
         c0, w0 = time.process_time(), time.perf_counter()
-        run(canceller, mic, reference)
+        run(canceller, mic, reference, frame)
         cpu.append((time.process_time() - c0) / audio_s)
         wall.append((time.perf_counter() - w0) / audio_s)
     med = statistics.median
     return {"cpu_ms_per_audio_s": med(cpu) * 1000, "wall_ms_per_audio_s": med(wall) * 1000,
             "wall_us_per_40ms_block": med(wall) * FRAME / RATE * 1e6}
+
+
+def cpu_by_rate(repeats: int) -> dict:
+    """The canceller at 16 and 48 kHz; at 48 kHz also the 2:1 resample to a 24 kHz model after it,
+    and the duplex warm-up (CPU ms, once per session)."""
+    import soxr
+
+    from omnidesk.audio.aec import DUPLEX_WARM_UP_S
+
+    out = {}
+    for rate in (16000, 48000):
+        r = cpu_per_audio_second(repeats, True, rate)
+        c0 = time.process_time()
+        EchoCanceller(rate, warm_up_s=DUPLEX_WARM_UP_S)
+        r["duplex_warm_up_cpu_ms"] = (time.process_time() - c0) * 1000
+        if rate == 48000:
+            x = scene(60)[0]
+            x = soxr.resample(x, RATE, rate).astype(np.float32)
+            rs = soxr.ResampleStream(rate, 24000, 1, dtype="float32", quality="HQ")
+            c0 = time.process_time()
+            for i in range(0, len(x), 1920):
+                rs.resample_chunk(x[i:i + 1920])
+            r["resample_to_24k_cpu_ms_per_audio_s"] = (time.process_time() - c0) / (len(x) / rate) * 1000
+        out[str(rate)] = r
+    return out
 
 
 def main() -> int:
@@ -93,6 +128,7 @@ def main() -> int:
         "noise_suppression_60ms": {"on": measure(60, 60, True), "off": measure(60, 60, False)},
         "cpu": {"ns_on": cpu_per_audio_second(args.repeats, True),
                 "ns_off": cpu_per_audio_second(args.repeats, False)},
+        "cpu_by_rate": cpu_by_rate(args.repeats),
     }
     text = json.dumps(result, indent=2)
     if args.out:

@@ -49,9 +49,11 @@ python=${PYTHON:-python3}
 .venv/bin/python -m pip install -q -e ".${extras}"
 if [ "${1:-}" = "--test" ]; then
   # Kyutai's moshi package is the Moshi/Mimi oracle in tests only. It pins an older torch (and exact
-  # sounddevice), so it goes in without its dependencies; what its model code imports is added.
-  .venv/bin/python -c 'import moshi' 2>/dev/null || .venv/bin/python -m pip install -q --no-deps "moshi==0.2.13"
+  # sounddevice), so it goes in without its dependencies, into a folder of its own that the tests put on
+  # sys.path (tests/conftest.py): pip never sees it, so no install compares its pins with this venv.
+  # What its model code imports is added here.
   .venv/bin/python -m pip install -q "einops>=0.7" "sentencepiece>=0.2"
+  [ -d .venv/oracles/moshi ] || .venv/bin/python -m pip install -q --no-deps --target .venv/oracles "moshi==0.2.13"
   # The end-of-turn model, light: onnxruntime runs it, the pipecat-ai wheel only carries its file
   # (OmniDesk never imports pipecat, so its dependencies stay out).  The tests cover both with and
   # without it (they hide it where they need the fixed rule).

@@ -103,6 +103,25 @@ def _turn_tools(prepared: Prepared, command: str, instead: str = ""):
     return family.turn_tools()
 
 
+# Commands that run once and end (None: the check turn without a display): compiling on the CPU (tens of
+# seconds the first time) would outlast them
+ONE_SHOT_COMMANDS = ("reply", "talk", None)
+
+
+def _compile_setting(args, prepared: Prepared) -> str | None:
+    """The decode-step setting for the loaded model: the user's --compile; for a one-shot command on the
+    CPU "auto" means eager (the compile would not be ready before the command ends).  ``reply`` runs its
+    own executor (``args.reply_compile``); the loaded one stays eager."""
+    import torch
+
+    compile = getattr(args, "compile", None)
+    if args.command in ONE_SHOT_COMMANDS and compile in (None, "auto") and torch.device(prepared.device).type == "cpu":
+        compile = "off"
+    if args.command == "reply":
+        args.reply_compile, compile = compile, "off"
+    return compile
+
+
 def _load(args, prepared: Prepared, out):
     """Load the prepared checkpoint through its family (a :class:`~omnidesk.models.families.Loaded`),
     saying which options the family has no use for and printing the demo notice where it applies."""
@@ -117,7 +136,7 @@ def _load(args, prepared: Prepared, out):
                           voice=getattr(args, "voice", None), max_text_tokens=getattr(args, "max_text_tokens", None),
                           max_codec_tokens=getattr(args, "max_codec_tokens", None),
                           quantize=None if getattr(args, "quantize", None) in (None, "none") else args.quantize,
-                          compile=getattr(args, "compile", None))
+                          compile=_compile_setting(args, prepared))
     family = prepared.family
     ignored = ["--" + name.replace("_", "-") for name in family.ignored_options
                if getattr(options, name, None) is not None]
@@ -130,7 +149,10 @@ def _load(args, prepared: Prepared, out):
     if quantization:  # which weights and which matmul path run (omnidesk/models/quant.py)
         print(f"weights: {quantization['summary']}", file=out)
     runner = getattr(loaded.executor, "runner", None)
-    if runner is not None:  # eager, compiled or CUDA graphs (omnidesk/models/runner.py)
+    if runner is not None and args.command != "reply":  # eager, compiled or CUDA graphs (models/runner.py)
+        if runner.mode == "compile" and args.command in ("talk", "bench"):  # measured runs: steady from the start
+            print("decode steps: compiling before the run (cached on disk for the next one)...", file=out, flush=True)
+            runner.wait_ready()
         print(f"decode steps: {runner.describe()}", file=out)
     if loaded.demo:
         print(f"NOTE: {family.demo_notice}", file=out)
@@ -232,6 +254,32 @@ def _check_writable(path_text: str | None, option: str) -> None:
         raise UsageError(f"{option} {path}: no such folder: {parent}")
     if not os.access(parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
         raise UsageError(f"{option} {path}: permission denied")
+    # access() says yes to root on a read-only file system: create and remove a file there to be sure
+    probe = parent / f".{path.name}.check{os.getpid()}"
+    try:
+        probe.touch()
+    except OSError as e:
+        raise UsageError(f"{option} {path}: cannot write in {parent} ({e.strerror or e})") from None
+    probe.unlink(missing_ok=True)
+
+
+def _write_atomic(path_text: str, write) -> None:
+    """``write(tmp_path)`` to a temporary name beside ``path_text``, then rename it into place: an
+    interrupted or failed write never leaves a half-written file under the user's name."""
+    path = Path(path_text)
+    tmp = path.with_name(f".{path.name}.part{os.getpid()}{path.suffix}")
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def write_wav(path_text: str, audio, rate: int) -> None:
+    """A WAV file written whole or not at all (:func:`_write_atomic`)."""
+    import soundfile as sf
+
+    _write_atomic(path_text, lambda tmp: sf.write(str(tmp), audio, rate, format="WAV"))
 
 
 # ---------------------------------------------------------------- commands
@@ -289,7 +337,19 @@ def cmd_models_verify(args) -> int:
         choice = choose_model(None, remembered=_remembered_model())
         target = choice.source
         print(f"verifying {target} ({choice.why}; name another with: omnidesk models verify PATH|REPO|demo)")
-    report = verify(target, load_test=not args.no_load_test)
+    last = [-1]
+
+    def progress(done: int, total: int) -> None:  # a 7B check reads ~15 GB: say how far it is
+        if total < 2**30:
+            return
+        pct = done * 100 // total
+        if pct >= last[0] + 5 or done == total:
+            last[0] = pct
+            end = "\n" if done == total else ("\r" if sys.stderr.isatty() else "\n")
+            print(f"  checking every value: {pct:3d}% ({done / 1e9:.1f} of {total / 1e9:.1f} GB)", end=end,
+                  file=sys.stderr, flush=True)
+
+    report = verify(target, load_test=not args.no_load_test, progress=progress)
     if report.family:
         print(f"  {family_named(report.family).title} checkpoint at {report.path}")
     for line in report.checked:
@@ -353,15 +413,18 @@ def cmd_reply(args) -> int:
                                  max_text_tokens=args.max_text_tokens, max_codec_tokens=args.max_codec_tokens,
                                  seed=args.seed)
     elapsed = time.perf_counter() - t0
-    print(f"heard {wave.shape[0] / stack.features.sampling_rate:.2f} s -> {len(reply.prompt_ids)} prompt tokens")
+    rate_in = stack.features.sampling_rate
+    if reply.dropped_audio_s:  # longer than the context: heard as a long conversation is, newest first
+        print(f"note: {args.input} is {wave.shape[0] / rate_in:.1f} s long; the model's context holds "
+              f"{wave.shape[0] / rate_in - reply.dropped_audio_s:.1f} s of it, so its first "
+              f"{reply.dropped_audio_s:.1f} s were not heard")
+    print(f"heard {wave.shape[0] / rate_in - reply.dropped_audio_s:.2f} s -> {len(reply.prompt_ids)} prompt tokens")
     print(f"reply text ({len(reply.text_ids)} tokens): {reply.text!r}")
     print(f"speech tokens: {len(reply.codec_ids)}; thinker + talker took {elapsed * 1000:.0f} ms (sequential path)")
     if args.output and reply.codec_ids:
         args.doing = "speaking the reply"
-        import soundfile as sf
-
         audio, rate, notes = tools.speak(stack, reply, args.voice or stack.default_voice, args.seed)
-        sf.write(str(args.output), audio, rate)
+        write_wav(args.output, audio, rate)
         for line in notes:
             print(line)
         print(f"wrote {audio.size / rate:.2f} s of audio -> {args.output}")
@@ -406,8 +469,9 @@ def cmd_talk(args) -> int:
     detector = None
     if args.vad == "webrtc":
         from omnidesk.audio.vad import WebRtcVAD
+        from omnidesk.engine.duplex import vad_rate
 
-        detector = WebRtcVAD(sample_rate=rate)
+        detector = WebRtcVAD(sample_rate=vad_rate(executor))  # 16 kHz, also where the model hears 24
     after = None if args.interrupt_after is None else args.interrupt_after / 1000.0
     judge = _end_of_turn_judge(args, prepared, blocking=args.fast)  # --fast: scored inline, reproducibly
     try:
@@ -556,6 +620,7 @@ def cmd_live(args) -> int:
         f"; end of turn: {'silence (400 ms)' if detector == 'fixed' else 'the Smart Turn model'}"
     print(f"listening on {session.audio.describe()}; echo cancellation "
           f"{'off (headphones)' if args.headphones else 'on'}{turn_end}. Speak; Ctrl-C to stop.")
+    print(f"the model hears: {session.hearing}", flush=True)
     if not prepared.duplex:
         print(LATENCY_HEADER, flush=True)
     try:
@@ -579,6 +644,12 @@ def cmd_bench(args) -> int:
     import json
 
     # stdout is the JSON: what was chosen and the demo notice go to stderr
+    if args.out:  # checked before minutes of benchmark, not after
+        try:
+            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise UsageError(f"--out {args.out}: cannot make its folder ({e.strerror or e})") from None
+        _check_writable(args.out, "--out")
     prepared = _prepare(args, sys.stderr)
     if prepared.family.duplex:  # no turns: the frame clock (step time against the frame budget)
         from omnidesk.engine.duplex_bench import run as run_duplex_bench
@@ -593,10 +664,10 @@ def cmd_bench(args) -> int:
         result = tools.run_bench(stack, turns=args.turns, interrupts=args.interrupts,
                                  with_transformers=not args.no_transformers)
     text = json.dumps(result, indent=2)
+    print(text, flush=True)  # the results always reach stdout, whatever happens to --out
     if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(text)
-    print(text)
+        args.doing = f"writing {args.out} (the JSON is above)"
+        _write_atomic(args.out, lambda tmp: tmp.write_text(text))
     return 0
 
 

@@ -77,9 +77,14 @@ def ensure_installed() -> str | None:
 
 
 class PulseHarness:
-    def __init__(self, root: Path, rate: int = 48000):
+    """``rate``, ``sample_format`` (e.g. "float32le") and ``channels``: the null sinks' sample spec
+    (PulseAudio's default format and channels when None)."""
+
+    def __init__(self, root: Path, rate: int = 48000, sample_format: str | None = None, channels: int | None = None):
         self.root = Path(root)
         self.rate = rate
+        self.spec = f"rate={rate}" + (f" format={sample_format}" if sample_format else "") \
+            + (f" channels={channels}" if channels else "")
         self.socket = self.root / "native"
         self.server = f"unix:{self.socket}"
         self.log_path = self.root / "pulseaudio.log"
@@ -91,14 +96,14 @@ class PulseHarness:
     # ------------------------------------------------------------ lifecycle
 
     def command(self) -> list[str]:
-        sink = "module-null-sink sink_name={name} rate={rate} sink_properties=device.description={name}"
+        sink = "module-null-sink sink_name={name} {spec} sink_properties=device.description={name}"
         return [
             "pulseaudio", "--daemonize=no", "--system=false", "--exit-idle-time=-1", "--disallow-exit",
             "-n",  # no default.pa: only the modules below
             "--use-pid-file=no", "--disable-shm=yes", "--realtime=no", "--high-priority=no",
             f"--load=module-native-protocol-unix auth-anonymous=1 socket={self.socket}",
-            f"--load={sink.format(name=SPEAKER, rate=self.rate)}",
-            f"--load={sink.format(name=MIC, rate=self.rate)}",
+            f"--load={sink.format(name=SPEAKER, spec=self.spec)}",
+            f"--load={sink.format(name=MIC, spec=self.spec)}",
             "--log-target=stderr",
         ]
 

@@ -6,6 +6,8 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
+# Kyutai's moshi package, the Moshi oracle, lives beside the venv's packages (dev/setup.sh says why)
+sys.path.append(str(Path(sys.prefix) / "oracles"))
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 # Decode steps run eagerly unless a test asks for a mode: "auto" compiles on the CPU in the background
 # (omnidesk/models/runner.py), which would add minutes of compiling to every test that loads a model.

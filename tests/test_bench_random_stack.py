@@ -25,7 +25,7 @@ def test_random_stack_runs_a_demo_sized_config_on_the_cpu(tmp_path):
     out = tmp_path / "stack.json"
     try:
         module.main(["--config", str(config), "--device", "cpu", "--dtype", "float32", "--turns", "1",
-                     "--interrupts", "1", "--out", str(out)])
+                     "--interrupts", "1", "--tokens", "8", "--codes", "16", "--out", str(out)])
     finally:
         torch.set_num_threads(threads)
     r = json.loads(out.read_text())

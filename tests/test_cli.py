@@ -443,6 +443,7 @@ def test_live_returns_1_after_an_error_and_writes_the_timeline(capsys, monkeypat
         def __init__(self, executor, settings, config, on_update, timeline):
             self.on_update = on_update
             self.audio = SimpleNamespace(describe=lambda: "fake devices")
+            self.hearing = "device 16000 Hz -> model 16000 Hz"
             self.stats = SimpleNamespace(barge_ins=0, false_barge_ins=0)
 
         def start(self):

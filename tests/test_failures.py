@@ -157,6 +157,31 @@ def test_a_failed_stage_ends_its_turn_and_the_next_turn_works(stack, speech_like
     _assert_failed_then_recovered(stack, *result, stage=stage)
 
 
+@pytest.mark.parametrize("where", ["thinker", "talker"])
+def test_nan_logits_end_the_turn_in_one_line_and_the_next_turn_works(stack, speech_like, monkeypatch, where):
+    """Non-finite logits (a weight that overflowed, a damaged tensor the loader did not see) in the middle
+    of turn 2's reply: the step's token says so, the turn ends with one error naming the stage, and turn
+    3 is answered from a cache holding turns 1 and 3 only."""
+    calls = []
+
+    def patch(timeline):
+        head = stack.thinker.lm_head if where == "thinker" else stack.talker.codec_head
+        original = head.forward
+
+        def poisoned(x):
+            out = original(x)
+            if len(timeline.turns) == 2 and (x.dim() == 1 or x.shape[0] == 1):  # one position, in turn 2
+                calls.append(1)
+                if len(calls) >= 5:
+                    return out * float("nan")
+            return out
+
+        monkeypatch.setattr(head, "forward", poisoned)
+
+    result = _conversation(stack, speech_like, patch)
+    _assert_failed_then_recovered(stack, *result, stage=where, expect="produced NaN or Inf values")
+
+
 def test_a_missing_voice_fails_the_turn_and_the_next_turn_works(stack, speech_like):
     config = EngineConfig()
     turns = []

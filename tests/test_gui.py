@@ -484,3 +484,38 @@ def test_bridge_copies_on_the_engine_thread_and_coalesces_replies(qtbot):
     cut = seen["cut"]
     assert cut.interrupted and cut.heard_text == "0 1 2" and cut.stop_s == pytest.approx(0.02)
     assert cut.discarded_text.startswith(" 3 4") and cut.discarded_text.endswith("999")
+
+
+def test_the_overlay_never_covers_the_banners_and_reopens_only_where_it_was_on_screen(qtbot, settings, tmp_path,
+                                                                                       demo_dir):
+    """Issue 23.9: with the overlay remembered as open and no window manager, it covered the window's top and
+    hid the "no microphone" banner.  It opens clear of the banners, where it was when that spot is free and
+    on a screen, and remembers where the user put it."""
+    from PySide6.QtGui import QGuiApplication
+
+    w = open_window(qtbot, settings, tmp_path, str(demo_dir))
+    try:
+        w.move(0, 0)
+        w.resize(900, 600)
+        w.error_banner.show_message("No microphone found.")
+        screen = QGuiApplication.primaryScreen().availableGeometry()
+
+        def placed():
+            w.set_overlay_visible(False)
+            w.set_overlay_visible(True)
+            return w.overlay.frameGeometry()
+
+        for remembered in (None, (w.x() + 10, w.y() + 10), (screen.right() + 4000, screen.bottom() + 4000)):
+            settings.overlay_pos = remembered  # never moved / over the banners / on no screen any more
+            rect = placed()
+            assert not rect.intersects(w._banner_area()), remembered
+            assert any(s.availableGeometry().intersects(rect) for s in QGuiApplication.screens())
+            assert w.error_banner.isVisible()
+        # a free spot on the screen is used again, and where the user moves it is remembered
+        free = (screen.left() + 20, w._banner_area().bottom() + 40)
+        settings.overlay_pos = free
+        assert (placed().x(), placed().y()) == free
+        w.overlay.move(free[0] + 30, free[1] + 10)
+        assert settings.overlay_pos == (free[0] + 30, free[1] + 10)
+    finally:
+        close_window(w)

@@ -155,6 +155,8 @@ def test_moshi_talks_while_the_user_speaks_with_echo_cancellation_on(pulse_serve
     try:
         assert isinstance(session.engine, DuplexEngine)
         assert session.aec is not None and not session.aec.bypass, "echo cancellation is not on"
+        # Mimi hears 24 kHz: the canceller at 48 kHz (the device opened there), then one 2:1 resample
+        assert session.hearing == "device 48000 Hz -> echo canceller 48000 Hz -> model 24000 Hz"
         r = talk_over(pulse_server, session)
     finally:
         session.close()
@@ -256,6 +258,7 @@ def test_live_command_runs_the_moshi_demo(pulse_server, moshi, tmp_path):  # noq
     assert proc.returncode == 0, out
     assert "Moshi demo model" in out  # the demo notice
     assert "echo cancellation on" in out
+    assert "the model hears: device 48000 Hz -> echo canceller 48000 Hz -> model 24000 Hz" in out
     m = re.search(r"^duplex: (\d+) frames of 80 ms; step p50", out, re.M)
     assert m, out
     frames = int(m.group(1))

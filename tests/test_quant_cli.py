@@ -168,7 +168,7 @@ def test_random_stack_quantized_runs_on_the_cpu(tmp_path, mode, paths):
     out = tmp_path / "stack.json"
     try:
         module.main(["--config", str(config), "--device", "cpu", "--dtype", "float32", "--turns", "1",
-                     "--interrupts", "1", "--quantize", mode, "--out", str(out)])
+                     "--interrupts", "1", "--tokens", "8", "--codes", "16", "--quantize", mode, "--out", str(out)])
     finally:
         torch.set_num_threads(threads)
     r = json.loads(out.read_text())

@@ -15,10 +15,13 @@ releases the GIL, so the holder finishes and the callback goes on.  Still
 busy after that: the block plays silence and ``lock_misses`` counts it.  Why
 two streams rather than one duplex stream: see :class:`AudioIO`.
 
-Rates.  Both streams run at one rate both devices accept (their native rate
-first).  :class:`DeviceSpeaker` takes 24 kHz model audio and resamples it to
-the device rate (soxr, streaming, on the engine's thread); the session
-resamples capture and reference to 16 kHz the same way.
+Rates.  Both streams run at one rate both devices accept: the rates the
+session prefers first (a full-duplex model's own rate, or its echo
+canceller's, see omnidesk.audio.capture), then the devices' native rates.
+:class:`DeviceSpeaker` takes 24 kHz model audio and resamples it to the
+device rate (soxr, streaming, on the engine's thread); the session takes
+capture and reference to the model's rate the same way
+(omnidesk.audio.capture).
 
 Playhead.  ``DeviceSpeaker.playhead`` counts reply samples that reached the
 DAC by now, from PortAudio's timing info (``outputBufferDacTime`` of each
@@ -126,11 +129,12 @@ def resolve_device(spec: str | int | None, kind: str, devices: list[DeviceInfo] 
     raise AudioDeviceError(f"{what} {spec!r} not found (it may have been unplugged); available: {names}")
 
 
-def choose_rate(inp: DeviceInfo, out: DeviceInfo, in_channels: int, out_channels: int) -> int:
-    """A sample rate both devices accept (float32 streams): their native rates first."""
+def choose_rate(inp: DeviceInfo, out: DeviceInfo, in_channels: int, out_channels: int,
+                prefer: tuple[int, ...] = ()) -> int:
+    """A sample rate both devices accept (float32 streams): ``prefer`` first, then their native rates."""
     sd = _sd()
     tried = []
-    for rate in (out.default_rate, inp.default_rate, *FALLBACK_RATES):
+    for rate in (*prefer, out.default_rate, inp.default_rate, *FALLBACK_RATES):
         rate = int(round(rate))
         if rate <= 0 or rate in tried:
             continue
@@ -338,7 +342,7 @@ class AudioIO:
 
     def __init__(self, input_device: str | int | None = None, output_device: str | int | None = None,
                  model_out_rate: int = 24000, block_ms: float = DEFAULT_BLOCK_MS, speaker_capacity_s: float = 6.0,
-                 rate: int | None = None, latency_s: float = DEFAULT_LATENCY_S):
+                 rate: int | None = None, latency_s: float = DEFAULT_LATENCY_S, prefer_rates: tuple[int, ...] = ()):
         sd = _sd()
         self.latency = latency_s
         devices = list_devices()
@@ -352,7 +356,7 @@ class AudioIO:
                                      samplerate=self.output.default_rate)
         except sd.PortAudioError:
             self.out_channels = min(2, self.output.outputs)
-        self.rate = rate or choose_rate(self.input, self.output, self.in_channels, self.out_channels)
+        self.rate = rate or choose_rate(self.input, self.output, self.in_channels, self.out_channels, prefer_rates)
         self.block = max(1, int(round(self.rate * block_ms / 1000.0)))
         self.speaker = DeviceSpeaker(self.rate, model_out_rate, block=self.block, capacity_s=speaker_capacity_s)
         size = int(CAPTURE_RING_S * self.rate)

@@ -5,10 +5,17 @@
 * the :class:`~omnidesk.audio.device.AudioIO` streams (PortAudio's threads
   copy into rings; nothing else happens there),
 * an :class:`~omnidesk.engine.engine.EngineThread` whose asyncio loop runs the
-  engine and :meth:`_drive`: every 10 ms it takes what was captured, resamples
-  microphone and playback reference to 16 kHz with the same filter (so they
-  stay aligned), cancels the echo in 40 ms frames, applies mute /
-  push-to-talk, and hands each frame to the engine.
+  engine and :meth:`_drive`: every 10 ms it takes what was captured through
+  the :class:`~omnidesk.audio.capture.CapturePath` (microphone and playback
+  reference to the echo canceller's rate with the same filter, so they stay
+  aligned; the echo cancelled in 40 ms frames; on to the model's own rate),
+  applies mute / push-to-talk, and hands each frame to the engine.
+
+Rates.  The model hears the device at its own rate (session_rate: 16 kHz for
+the Qwen encoders, 24 kHz for Mimi).  A full-duplex model's device opens at
+its rate in headphones mode (no resampling at all when the device takes it)
+and at the canceller's (48 kHz for Mimi) on speakers, where it can; a
+turn-based one's at the devices' native rate, as always.
 
 Everything the outside calls (``interrupt``, ``set_muted``, ...) is safe from
 any thread and returns at once.  The voice is ``engine_config.voice`` (the
@@ -35,16 +42,16 @@ from typing import Callable
 
 import numpy as np
 
-from omnidesk.engine.duplex import DuplexEngine, make_engine, session_rate
+from omnidesk.engine.duplex import DuplexEngine, make_engine, session_rate, vad_rate
 from omnidesk.engine.engine import Engine, EngineConfig, EngineThread, TurnState
 from omnidesk.engine.executor import Executor, end_session
 from omnidesk.engine.rates import TimedExecutor
 from omnidesk.engine.timeline import Timeline
 from omnidesk.engine.vad import Endpointer, EndpointerConfig, level_dbfs
 
+from .capture import CapturePath
 from .device import AudioDeviceError, AudioIO
 
-FRAME_MS = 40
 POLL_S = 0.01
 # No callback for this long while the stream claims to run: the device is gone.  Some
 # backends (ALSA's pulse plugin) take 1-2 s to deliver the first blocks: a longer grace then.
@@ -95,7 +102,7 @@ class LiveSettings:
 
 @dataclass
 class LiveStatus:
-    level_dbfs: float  # microphone after echo cancellation (what the VAD hears)
+    level_dbfs: float  # microphone after echo cancellation (what the model and the VAD hear)
     playback_buffer_ms: float
     underruns: int
     overflows: int
@@ -120,6 +127,7 @@ class LiveSession:
         self.engine: Engine | DuplexEngine | None = None
         self.audio: AudioIO | None = None
         self.aec = None
+        self.capture: CapturePath | None = None
         self._judge = None  # the end-of-turn judge (its thread), closed with the session
         self._thread: EngineThread | None = None
         self._drive_future = None
@@ -139,33 +147,39 @@ class LiveSession:
     def start(self, new_conversation: bool = True) -> None:
         """Open the devices and start listening.  Raises AudioDeviceError (plain words) or
         EchoCancellerUnavailable; nothing is left running then."""
-        from omnidesk.audio.aec import DUPLEX_WARM_UP_S, WARM_UP_S, EchoCanceller, EchoCancellerUnavailable
+        from omnidesk.audio.aec import (DUPLEX_WARM_UP_S, WARM_UP_S, EchoCanceller, EchoCancellerUnavailable,
+                                        canceller_rate)
         from omnidesk.audio.vad import WebRtcVAD
 
         s = self.settings
-        rate_in = session_rate(self.ex)
+        rate_in = session_rate(self.ex)  # what the model hears
+        duplex = getattr(self.ex, "duplex", False)
+        cancel_rate = canceller_rate(rate_in)
+        # a duplex model: the device at the model's rate with headphones, at the canceller's on speakers
+        prefer = ((rate_in,) if s.headphones else (cancel_rate,)) if duplex else ()
         audio = AudioIO(s.input_device, s.output_device, model_out_rate=self.ex.sample_rate_out,
                         block_ms=s.block_ms, latency_s=s.latency_s,
-                        speaker_capacity_s=self.engine_config.max_audio_ahead_s + 3.0)
+                        speaker_capacity_s=self.engine_config.max_audio_ahead_s + 3.0, prefer_rates=prefer)
         try:
             # a duplex model talks from its first frame: warm the canceller past AEC3's start-up mute
             # (see aec.DUPLEX_WARM_UP_S) so a user who speaks at once is heard
-            duplex = getattr(self.ex, "duplex", False)
-            self.aec = EchoCanceller(rate_in, noise_suppression=s.noise_suppression,
+            self.aec = EchoCanceller(cancel_rate, noise_suppression=s.noise_suppression,
                                      warm_up_s=DUPLEX_WARM_UP_S if duplex else WARM_UP_S)
             self.aec.bypass = s.headphones
         except EchoCancellerUnavailable:
             if not s.headphones:
                 raise
             self.aec = None  # headphones need no cancellation: run without the library
+            cancel_rate = rate_in
+        self.capture = CapturePath(audio.rate, rate_in, cancel_rate, self._cancel)
         audio.open()
         self.audio = audio
         # the echo of a reply's last words arrives through both device buffers
         self.engine_config.echo_tail_s = max(self.engine_config.echo_tail_s, sum(audio.latency_s) + 0.3)
         self._thread = EngineThread()
-        detector = WebRtcVAD(s.vad_aggressiveness, rate_in)
+        detector = WebRtcVAD(s.vad_aggressiveness, vad_rate(self.ex))  # a duplex engine gives it a 16 kHz copy
         try:
-            endpointer = s.make_endpointer(detector, rate_in, duplex=getattr(self.ex, "duplex", False))
+            endpointer = s.make_endpointer(detector, vad_rate(self.ex), duplex=duplex)
         except Exception:
             self.close()
             raise
@@ -185,6 +199,14 @@ class LiveSession:
             raise
         self._closing = False
         self._drive_future = self._thread.call(self._drive())
+
+    @property
+    def hearing(self) -> str:
+        """The rates along the model's path now, e.g. "device 48000 Hz -> echo canceller 48000 Hz ->
+        model 24000 Hz" (empty before start)."""
+        if self.capture is None:
+            return ""
+        return self.capture.describe(bypassed=self.aec is None or self.aec.bypass)
 
     @property
     def end_of_turn(self) -> str:
@@ -267,7 +289,8 @@ class LiveSession:
         return True
 
     def inject(self, audio: np.ndarray) -> None:
-        """Mix 16 kHz mono ``audio`` into the microphone path from the next frame on."""
+        """Mix mono ``audio`` at the model's input rate (session_rate: 16 kHz for Qwen, 24 kHz for
+        Moshi) into the microphone path from the next frame on."""
         self._inject.append(np.asarray(audio, np.float32).reshape(-1).copy())
 
     def interrupt_after(self, ms: float) -> None:
@@ -306,16 +329,9 @@ class LiveSession:
                           talk_pressed=self._talk_pressed)
 
     async def _drive(self) -> None:
-        import soxr
-
-        audio, engine, rate_in = self.audio, self.engine, session_rate(self.ex)
-        frame_n = rate_in * FRAME_MS // 1000
-        # the same filter on both paths keeps the reference aligned with the capture
-        rs_mic = soxr.ResampleStream(audio.rate, rate_in, 1, dtype="float32", quality="HQ")
-        rs_ref = soxr.ResampleStream(audio.rate, rate_in, 1, dtype="float32", quality="HQ")
-        mic_buf = np.zeros(0, np.float32)
-        ref_buf = np.zeros(0, np.float32)
-        samples = 0  # 16 kHz samples handed to the engine: the session clock
+        audio, engine, rate_in, capture = self.audio, self.engine, session_rate(self.ex), self.capture
+        capture.clear()
+        samples = 0  # samples handed to the engine (at the model's rate): the session clock
         self._level = -120.0
         last_callbacks, stalled_since = -1, None
         reopens = 0
@@ -337,8 +353,7 @@ class LiveSession:
                     reopens += 1
                     try:
                         audio.reopen()
-                        rs_mic.clear(), rs_ref.clear()
-                        mic_buf, ref_buf = mic_buf[:0], ref_buf[:0]
+                        capture.clear()
                         last_callbacks, stalled_since = -1, None
                         continue
                     except AudioDeviceError as e:
@@ -350,20 +365,12 @@ class LiveSession:
                 mic, ref = audio.read()
                 if mic.size == 0:
                     continue
-                mic_buf = np.concatenate([mic_buf, rs_mic.resample_chunk(mic)])
-                ref_buf = np.concatenate([ref_buf, rs_ref.resample_chunk(ref)])
-                n = min(mic_buf.size, ref_buf.size)
-                done = 0
-                while n - done >= frame_n:
-                    frame = mic_buf[done:done + frame_n]
-                    reference = ref_buf[done:done + frame_n]
-                    done += frame_n
-                    frame = self._prepare(frame, reference, audio)
+                for frame in capture.push(mic, ref, bypassed=self.aec is None or self.aec.bypass):
+                    frame = self._prepare(frame)
                     await engine.on_frame(frame, samples / rate_in)
-                    samples += frame_n
+                    samples += frame.size
                     self.frames += 1
                     self.on_update("status", self._status())
-                mic_buf, ref_buf = mic_buf[done:], ref_buf[done:]
         except Exception as e:  # noqa: BLE001 - shown to the user; the session stops cleanly
             import logging
 
@@ -377,15 +384,20 @@ class LiveSession:
             return None
         return 10.0 * math.log10(self._echo_in / self._echo_out)
 
-    def _prepare(self, frame: np.ndarray, reference: np.ndarray, audio: AudioIO) -> np.ndarray:
+    def _cancel(self, frame: np.ndarray, reference: np.ndarray) -> np.ndarray:
+        """The echo canceller on one 40 ms frame at its rate (CapturePath calls it)."""
         aec = self.aec
-        if aec is not None and not aec.bypass:
-            aec.delay_ms = min(500.0, max(0.0, audio.delay_s * 1000.0))
-            raw = frame
-            frame = aec.process(frame, reference)
-            if self.engine.state == TurnState.RESPONDING and float(np.dot(reference, reference)) > 0:
-                self._echo_in += float(np.dot(raw, raw))
-                self._echo_out += float(np.dot(frame, frame))
+        if aec is None or aec.bypass:
+            return frame
+        aec.delay_ms = min(500.0, max(0.0, self.audio.delay_s * 1000.0))
+        cleaned = aec.process(frame, reference)
+        if self.engine.state == TurnState.RESPONDING and float(np.dot(reference, reference)) > 0:
+            self._echo_in += float(np.dot(frame, frame))
+            self._echo_out += float(np.dot(cleaned, cleaned))
+        return cleaned
+
+    def _prepare(self, frame: np.ndarray) -> np.ndarray:
+        """Mute, push-to-talk and injected audio on a frame at the model's rate; the level meter."""
         if self._muted or (self.settings.push_to_talk and not self._talk_pressed):
             frame = np.zeros_like(frame)
         if self._inject:

@@ -16,7 +16,11 @@ WebRTC VAD keeps internal state (noise estimates, hangover) between calls, so
 one instance should see one contiguous stream; :meth:`WebRtcVAD.reset` starts
 over.  While that noise model adapts (the first ~100 ms of a fresh stream, or
 after a step up in the noise floor) steady noise around -60 dBFS can be called
-speech; a microphone stream that has been open a moment is past it.
+speech; a microphone stream that has been open a moment is past it.  Hence a floor: a frame quieter
+than ``floor_dbfs`` (RMS, default -65 dBFS: 5 dB under the noise floor of the recorded human turns in
+shared/data/turns-human, the quietest frames webrtcvad calls speech there, and far under any speech) is
+never speech.  A file of faint hiss (sox's ``whitenoise vol -60dB``: -70 dBFS RMS) is then what it is,
+no speech, like a silent one.  Noise at -60 dBFS and above still meets the start-up effect.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ class WebRtcVADConfig:
     # speech), 3 = most aggressive.  2 rejects steady fan/room noise while
     # keeping soft onsets.
     aggressiveness: int = 2
+    floor_dbfs: float = -65.0  # frames quieter than this (RMS) are not speech (module docstring)
 
     def __post_init__(self):
         if isinstance(self.aggressiveness, bool) or not isinstance(self.aggressiveness, int):
@@ -82,4 +87,7 @@ class WebRtcVAD:
         # sees the whole stream.
         first = self._vad.is_speech(pcm[:h].tobytes(), self.sample_rate)
         second = self._vad.is_speech(pcm[h:].tobytes(), self.sample_rate)
-        return bool(first or second)
+        if not (first or second):
+            return False
+        power = float(np.dot(x, x)) / x.size
+        return power > 10.0 ** (self.config.floor_dbfs / 10.0)

@@ -5,10 +5,11 @@ of the user's audio) produces one output frame (80 ms of its own voice) and
 one text token, and the model decides by itself when to talk.  The engine's
 job is the clock:
 
-* Sessions hand it 40 ms frames at the session rate (16 kHz: webrtcvad and
-  the echo canceller take only 8/16/32/48 kHz).  It resamples them to the
-  executor's input rate (24 kHz for Mimi) at the executor boundary and
-  queues one model frame every 80 ms.
+* Sessions hand it 40 ms frames at the executor's input rate (24 kHz for
+  Mimi), converted once from the device's or the file's rate (none when
+  they match); the engine queues one model frame every 80 ms and never
+  resamples the model's path.  The speech detector hears its own 16 kHz
+  copy (webrtcvad takes only 8/16/32/48 kHz), a side branch made here.
 * One worker thread runs the steps back to back; every output frame goes to
   the speaker the moment it exists.
 * Each step's compute time is measured against the frame.  A step slower
@@ -27,7 +28,10 @@ Timeline (additive to the contract, documented in timeline.py): the session
 dict gains ``duplex`` with per-frame step times, the user's speech segments
 (VAD), the assistant's speech segments (audible output or non-pad text), and
 per exchange the delay from the end of the user's speech to the start of the
-assistant's (negative when it started while the user was still talking).
+assistant's (negative when it started while the user was still talking);
+each assistant segment's ``text_token_ids`` (what it said, as ids) and every
+step's text token (``step_text_token_ids``, null while the delays fill), so a
+run compares id by id with a reference.
 """
 
 from __future__ import annotations
@@ -46,7 +50,7 @@ from .engine import EngineStats, TurnFailure, TurnState
 from .executor import StageError
 from .speaker import VirtualSpeaker
 from .timeline import Timeline
-from .vad import Endpoint, Endpointer, SpeechStart
+from .vad import Endpoint, Endpointer, SpeechStart, _PreRoll
 
 log = logging.getLogger("omnidesk.engine")
 
@@ -149,15 +153,22 @@ class DuplexEngine:
         self.frame_s = executor.frame_samples_in / executor.sample_rate_in
         self._loop = asyncio.get_running_loop()
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="omnidesk-worker")
-        rate = endpointer.sample_rate
-        self._resampler = None if rate == executor.sample_rate_in else \
-            soxr.ResampleStream(rate, executor.sample_rate_in, 1, dtype="float32")
-        self._pending = np.zeros(0, np.float32)  # resampled input not yet a whole model frame
+        rate_in, vad = executor.sample_rate_in, endpointer.sample_rate
+        # the speech detector's own copy (a side branch; the model's path is never resampled here)
+        self._to_vad = None if vad == rate_in else soxr.ResampleStream(rate_in, vad, 1, dtype="float32")
+        self._vad_pending = np.zeros(0, np.float32)  # detector-rate audio not yet a whole frame
+        self._vad_samples = 0  # detector-rate samples pushed: the detector's clock
+        self._t0: float | None = None  # session time of the first frame
+        # the last utterance at the model's rate (repeat last question plays it into the model's path)
+        cfg = endpointer.config
+        self._recent = _PreRoll(int((cfg.pre_roll_ms / 1000 + cfg.max_utterance_s + 1.0) * rate_in))
+        self._pending = np.zeros(0, np.float32)  # input not yet a whole model frame
         self._queue: list[tuple[np.ndarray, float]] = []  # (model frame, session time its last sample arrived)
         self._task: asyncio.Task | None = None
         self._closing = False  # aclose() began: frames that still arrive are not stepped
         self._progress = asyncio.Event()
         self.steps_ms: list[float] = []
+        self.step_text_ids: list[int | None] = []  # every step's text token (None while the delays fill)
         self.late_frames = 0
         self.dropped_frames = 0
         self.max_lag_s = 0.0
@@ -179,16 +190,17 @@ class DuplexEngine:
 
     # ------------------------------------------------------------------ input side
     async def on_frame(self, frame: np.ndarray, t: float) -> None:
-        """One mic frame (session rate) starting at session time ``t``."""
+        """One mic frame at the executor's input rate (:func:`session_rate`), starting at session
+        time ``t``: it goes to the model as it is; the speech detector hears a copy at its rate."""
         if self._closing:  # a driver's last frames after aclose: the worker pool is going away
             return
         try:
-            self.now = t + len(frame) / self.endpointer.sample_rate
-            for event in self.endpointer.push(frame, t):
-                self._on_vad(event)
-            x = np.asarray(frame, np.float32)
-            if self._resampler is not None:
-                x = self._resampler.resample_chunk(x)
+            x = np.asarray(frame, np.float32).reshape(-1)
+            if self._t0 is None:
+                self._t0 = t
+            self.now = t + x.size / self.ex.sample_rate_in
+            self._recent.push(x)
+            self._listen(x)
             self._pending = np.concatenate([self._pending, x])
             n = self.ex.frame_samples_in
             while self._pending.size >= n:
@@ -203,6 +215,27 @@ class DuplexEngine:
         except Exception as e:  # noqa: BLE001 - reported like a failed step
             await self._fail(e)
 
+    def _listen(self, x: np.ndarray) -> None:
+        """The speech detector's side branch: whole detector frames, each stamped with its own clock
+        (the resampler releases audio in bursts, so a call may carry zero, one or two frames)."""
+        ep = self.endpointer
+        y = x if self._to_vad is None else self._to_vad.resample_chunk(x)
+        self._vad_pending = np.concatenate([self._vad_pending, y]) if self._vad_pending.size else y
+        n, done = ep.frame_samples, 0
+        while self._vad_pending.size - done >= n:
+            t = self._t0 + self._vad_samples / ep.sample_rate
+            for event in ep.push(self._vad_pending[done:done + n], t):
+                self._on_vad(event)
+            done += n
+            self._vad_samples += n
+        self._vad_pending = self._vad_pending[done:].copy() if done else self._vad_pending
+
+    def _utterance_at_model_rate(self, start: float | None) -> np.ndarray:
+        """What the model heard from session time ``start`` (the utterance's first sample) to now."""
+        if start is None:
+            return np.zeros(0, np.float32)
+        return self._recent.last(max(0, int(round((self.now - start) * self.ex.sample_rate_in))))
+
     def _on_vad(self, event) -> None:
         if isinstance(event, SpeechStart):
             self._user_speaking = True
@@ -212,7 +245,9 @@ class DuplexEngine:
             self._user_speaking = False
             if self.user_segments and self.user_segments[-1].end is None:
                 self.user_segments[-1].end = event.t_speech_end
-                self.last_utterance = self.endpointer.utterance_audio()
+                start = self.endpointer.utterance_start_t
+                self.last_utterance = self._utterance_at_model_rate(
+                    self.user_segments[-1].start if start is None else start)
                 self._pair_exchange()
             self.endpointer.reset()
             self._set_state(TurnState.RESPONDING if self._assistant is not None else TurnState.LISTENING)
@@ -242,6 +277,7 @@ class DuplexEngine:
                     raise StageError("engine", e) from e
                 self.stats.steps += 1
                 self.steps_ms.append(round(ms, 3))
+                self.step_text_ids.append(None if out.text_token is None else int(out.text_token))
                 if ms > self.frame_s * 1000.0:
                     self.late_frames += 1
                 self._lag_s = max(0.0, self.now - arrived)
@@ -371,12 +407,13 @@ class DuplexEngine:
         return {
             "frame_s": self.frame_s,
             "step_ms": list(self.steps_ms),
+            "step_text_token_ids": list(self.step_text_ids),
             "late_frames": self.late_frames,
             "dropped_frames": self.dropped_frames,
             "max_lag_s": round(self.max_lag_s, 4),
             "user_speech": segs(self.user_segments),
-            "assistant_speech": [{"start": s.start, "end": s.end, "text": self.ex.decode(s.text_ids)}
-                                 for s in self.assistant_segments],
+            "assistant_speech": [{"start": s.start, "end": s.end, "text": self.ex.decode(s.text_ids),
+                                  "text_token_ids": list(s.text_ids)} for s in self.assistant_segments],
             "exchanges": list(self.exchanges),
             "stops": list(self.stops),
             "errors": list(self.errors),
@@ -439,10 +476,18 @@ def make_engine(executor, endpointer: Endpointer, speaker: VirtualSpeaker, confi
     return Engine(executor, endpointer, speaker, config, timeline, on_update)
 
 
-SESSION_RATE = 16000  # what sessions capture at: webrtcvad and the echo canceller take 8/16/32/48 kHz
+VAD_RATE = 16000  # a duplex engine's speech detector: webrtcvad takes 8/16/32/48 kHz
+SESSION_RATE = VAD_RATE  # what a session reads sound files at before a model is loaded
 
 
 def session_rate(executor) -> int:
-    """The rate a session feeds the engine: a turn-based executor's own input rate (16 kHz for
-    Qwen2.5-Omni); 16 kHz for a duplex one, which the engine resamples at the executor boundary."""
-    return SESSION_RATE if getattr(executor, "duplex", False) else executor.sample_rate_in
+    """The rate a session feeds the engine and reads sound files at: the executor's own input rate
+    (16 kHz for the Qwen encoders, 24 kHz for Mimi), so the model's path holds one resample at most,
+    from the device's or the file's rate straight to the model's."""
+    return executor.sample_rate_in
+
+
+def vad_rate(executor) -> int:
+    """The rate of the engine's speech detection (its endpointer): a turn-based executor's input
+    rate; 16 kHz for a duplex one, whose engine makes that copy itself (a side branch)."""
+    return VAD_RATE if getattr(executor, "duplex", False) else executor.sample_rate_in

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .duplex import DuplexEngine, make_engine, session_rate
+from .duplex import DuplexEngine, make_engine, session_rate, vad_rate
 from .engine import Engine, EngineConfig
 from .executor import Executor, end_session
 from .speaker import VirtualSpeaker
@@ -47,12 +47,18 @@ class ScriptedEndpointer(Endpointer):
         self._utt: list[np.ndarray] = []
         self._active = False
         self._ending = False
+        self._begin_t = self._end_t = None
 
-    def begin(self) -> None:
+    def begin(self, at: float | None = None) -> None:
+        """The file starts with the next frame, or with the frame at session time ``at``: a duplex
+        engine's detector hears its copy of the audio a frame late now and then (the resampler's
+        bursts), so the script says when."""
         self._utt, self._active, self._ending = [], True, False
+        self._begin_t, self._end_t = at, None
 
-    def end(self) -> None:
-        self._ending = True
+    def end(self, at: float | None = None) -> None:
+        """The file ended before the next frame (or the frame at session time ``at``)."""
+        self._ending, self._end_t = True, at
 
     def reset(self) -> None:
         self._utt, self._active, self._ending = [], False, False
@@ -77,11 +83,12 @@ class ScriptedEndpointer(Endpointer):
 
     def push(self, frame: np.ndarray, t: float):
         events = []
-        if not self._active:
+        if not self._active or (self._begin_t is not None and t < self._begin_t - 1e-9):
             return events
-        if not self._utt and not self._ending:
+        ending = self._ending and (self._end_t is None or t >= self._end_t - 1e-9)
+        if not self._utt and not ending:
             events.append(SpeechStart(t, t))
-        if self._ending:
+        if ending:
             events.append(Endpoint(t, t))
             self._active = False
             return events
@@ -91,7 +98,7 @@ class ScriptedEndpointer(Endpointer):
 
 @dataclass
 class Script:
-    inputs: list[np.ndarray]  # 16 kHz mono float32 utterances
+    inputs: list[np.ndarray]  # mono float32 utterances at the executor's input rate (session_rate)
     barge_in: tuple[float, np.ndarray] | None = None
     no_vad: bool = False
     interrupt_after_s: float | None = None  # the stop button, this long into the first reply
@@ -104,13 +111,14 @@ async def run_script(executor: Executor, script: Script, config: EngineConfig, t
     """``detector``: the per-frame speech detector (``omnidesk talk`` passes webrtcvad; the
     default, an energy threshold, suits synthetic test signals).  ``judge``: an end-of-turn judge
     (:mod:`omnidesk.engine.turn_judge`; None: the fixed silence rule); the caller closes it."""
-    rate_in = session_rate(executor)
+    rate_in = session_rate(executor)  # the microphone: what the model hears, as it hears it
     duplex = getattr(executor, "duplex", False)
     frame_in = int(round(FRAME_S * rate_in))
     speaker = VirtualSpeaker(sample_rate=executor.sample_rate_out, block=int(round(FRAME_S * executor.sample_rate_out)),
                              capacity_s=config.max_audio_ahead_s + 2.0)
-    endpointer = ScriptedEndpointer(rate_in) if script.no_vad else \
-        Endpointer(detector or EnergyVAD(), endpointer_config or EndpointerConfig(), rate_in, judge=judge)
+    vad = vad_rate(executor)  # a duplex engine makes the detector's copy itself
+    endpointer = ScriptedEndpointer(vad) if script.no_vad else \
+        Endpointer(detector or EnergyVAD(), endpointer_config or EndpointerConfig(), vad, judge=judge)
     engine = make_engine(executor, endpointer, speaker, config, timeline, on_update)
     engine.interrupt_after_s = script.interrupt_after_s
     t = 0.0
@@ -161,12 +169,12 @@ async def run_script(executor: Executor, script: Script, config: EngineConfig, t
             await tick(silence)
         for utterance in script.inputs:
             if script.no_vad:
-                endpointer.begin()
+                endpointer.begin(t)
             padded = np.concatenate([utterance, np.zeros((-utterance.size) % frame_in, np.float32)])
             for i in range(0, padded.size, frame_in):
                 await tick(padded[i:i + frame_in])
             if script.no_vad:
-                endpointer.end()
+                endpointer.end(t)
                 await tick(silence)
             await wait_idle(GAP_S)
         # let a late barge-in happen, then let its reply finish

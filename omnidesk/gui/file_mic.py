@@ -25,7 +25,7 @@ import numpy as np
 
 from omnidesk.audio.session import LiveSettings, LiveStatus
 from omnidesk.audio.vad import WebRtcVAD
-from omnidesk.engine.duplex import DuplexEngine, make_engine, session_rate
+from omnidesk.engine.duplex import DuplexEngine, make_engine, session_rate, vad_rate
 from omnidesk.engine.engine import Engine, EngineConfig, EngineStats, EngineThread, TurnState
 from omnidesk.engine.executor import end_session
 from omnidesk.engine.rates import TimedExecutor
@@ -108,8 +108,9 @@ class FileMicSession:
             self._thread.stop()
 
     def say(self, audio: np.ndarray) -> None:
-        """Queue one utterance (16 kHz mono float32) for the microphone; it starts at once if nothing
-        else is being said (while a reply plays, that is a barge-in, as with a person)."""
+        """Queue one utterance (mono float32 at the model's input rate, :func:`session_rate`: 16 kHz
+        for Qwen, 24 kHz for Moshi) for the microphone; it starts at once if nothing else is being
+        said (while a reply plays, that is a barge-in, as with a person)."""
         audio = np.ascontiguousarray(audio, dtype=np.float32).reshape(-1)
         self._last_said = audio
         self._queue.append(audio)
@@ -148,8 +149,9 @@ class FileMicSession:
         await asyncio.get_running_loop().run_in_executor(None, ex.reset_conversation)  # a new conversation
         self.speaker = VirtualSpeaker(sample_rate=ex.sample_rate_out, block=int(round(FRAME_S * ex.sample_rate_out)),
                                       capacity_s=self.engine_config.max_audio_ahead_s + 2.0, record=False)
-        # the same speech detection and endpointing as on a microphone
-        rate = session_rate(ex)
+        # the same speech detection and endpointing as on a microphone (a duplex engine gives it a
+        # 16 kHz copy of what the model hears)
+        rate = vad_rate(ex)
         detector = WebRtcVAD(self.settings.vad_aggressiveness, rate)
         # off real time the end-of-turn model scores inline: its verdict lands where it would live
         endpointer = self.settings.make_endpointer(detector, rate, duplex=getattr(ex, "duplex", False),

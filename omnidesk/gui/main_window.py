@@ -29,8 +29,8 @@ import logging
 import time
 from pathlib import Path
 
-from PySide6.QtCore import QEvent, QObject, Qt, QTimer, QUrl, Signal
-from PySide6.QtGui import QAction, QDesktopServices, QKeySequence
+from PySide6.QtCore import QEvent, QObject, QPoint, QRect, QSize, Qt, QTimer, QUrl, Signal
+from PySide6.QtGui import QAction, QDesktopServices, QGuiApplication, QKeySequence
 from PySide6.QtWidgets import (QAbstractSpinBox, QComboBox, QFileDialog, QFormLayout, QGroupBox, QHBoxLayout,
                                QInputDialog, QLabel, QLineEdit, QMainWindow, QProgressBar, QPushButton, QScrollArea,
                                QSpinBox, QSplitter, QTextEdit, QVBoxLayout, QWidget)
@@ -925,15 +925,49 @@ class MainWindow(QMainWindow):
     def set_overlay_visible(self, visible: bool) -> None:
         self.settings.overlay_visible = visible
         if visible:
+            self.overlay.adjustSize()
+            self.overlay.move(*self._overlay_place())
             self.overlay.show()
             self.overlay.raise_()
             self.overlay.render()
         else:
             self.overlay.hide()
 
+    def _banner_area(self) -> QRect:
+        """Where the banners appear, in screen coordinates: the top of the window's content, as tall as
+        the banners can get (shown or not: one may appear after the overlay opened)."""
+        top_left = self.centralWidget().mapToGlobal(QPoint(0, 0))
+        height = max(160, sum(b.sizeHint().height() for b in (self.demo_banner, self.info_banner, self.error_banner)))
+        return QRect(top_left, QSize(self.centralWidget().width(), height))
+
+    def _overlay_place(self) -> tuple[int, int]:
+        """Where the overlay opens: where it was last, if that spot is still on a screen and clear of the
+        banners; else beside the window, or inside its lower right corner when no screen has room beside
+        it.  Never over the banners (a warning hidden by the overlay is a warning nobody reads)."""
+        size = self.overlay.frameGeometry().size().expandedTo(self.overlay.sizeHint())
+        banners = self._banner_area()
+
+        def fits(x: int, y: int) -> bool:
+            rect = QRect(QPoint(x, y), size)
+            on_screen = any(scr.availableGeometry().contains(rect) for scr in QGuiApplication.screens())
+            return on_screen and not rect.intersects(banners)
+
+        remembered = self.settings.overlay_pos
+        if remembered is not None and fits(*remembered):
+            return remembered
+        frame = self.frameGeometry()
+        for x, y in ((frame.right() + 8, frame.top()), (frame.left() - size.width() - 8, frame.top()),
+                     (frame.right() - size.width() - 8, frame.bottom() - size.height() - 8)):
+            if fits(x, y):
+                return x, y
+        return frame.left(), max(frame.top(), banners.bottom() + 8)  # below the banners at least
+
     def eventFilter(self, obj, event):
         if obj is self.overlay and event.type() == QEvent.Type.Hide and not self._closing:
             self.overlay_action.setChecked(False)
+        if obj is self.overlay and event.type() == QEvent.Type.Move and self.overlay.isVisible():
+            pos = self.overlay.pos()  # the user's spot: opened there again, if it is still free
+            self.settings.overlay_pos = (pos.x(), pos.y())
         return False
 
     def timeline_dict(self) -> dict:

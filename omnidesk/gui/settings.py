@@ -168,6 +168,20 @@ class Settings:
     def overlay_visible(self, value: bool) -> None:
         self._set("overlay/visible", bool(value))
 
+    @property
+    def overlay_pos(self) -> tuple[int, int] | None:
+        """Where the overlay was last (screen coordinates of its top-left corner), None if never moved."""
+        value = self.q.value("overlay/pos")
+        try:
+            x, y = (int(v) for v in (value or "").split(","))
+        except (TypeError, ValueError, AttributeError):
+            return None
+        return x, y
+
+    @overlay_pos.setter
+    def overlay_pos(self, value: tuple[int, int] | None) -> None:
+        self._set("overlay/pos", None if value is None else f"{int(value[0])},{int(value[1])}")
+
     def geometry(self, name: str) -> QByteArray | None:
         value = self.q.value(f"window/{name}")
         return value if isinstance(value, QByteArray) else None

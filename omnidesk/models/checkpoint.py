@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -228,6 +229,9 @@ class VerifyReport:
     # words.  Not a problem with the download, so the picker and `models list` say this instead of
     # "damaged".
     unsupported: str | None = None
+    # progress(done_bytes, total_bytes) while the tensor values are read (check_values): a front end's
+    # progress line for a check that reads every byte of tens of GB
+    progress: Callable[[int, int], None] | None = field(default=None, repr=False, compare=False)
 
     @property
     def ok(self) -> bool:
@@ -281,6 +285,82 @@ def check_weight_files(root: Path, report: VerifyReport) -> tuple[dict[str, tupl
             else:
                 shapes[name] = tuple(headers[f][name]["shape"])
     return shapes, headers, intact
+
+
+# Float dtypes as unsigned words and the exponent mask: a value is NaN or Inf exactly when all its exponent
+# bits are set, so the check needs no conversion and runs over the file's bytes as they are.
+_EXPONENT = {"F16": (np.uint16, 0x7C00), "BF16": (np.uint16, 0x7F80), "F32": (np.uint32, 0x7F800000),
+             "F64": (np.uint64, 0x7FF0000000000000)}
+CHECK_CHUNK_BYTES = 64 * 2**20
+
+
+def nonfinite_values(path: Path, header: dict | None = None,
+                     progress: Callable[[int], None] | None = None) -> dict[str, int]:
+    """Tensor name -> how many NaN/Inf values it holds, for every float tensor of one safetensors file
+    with any (empty: all finite).  Streams the file in chunks through a memory map, so it costs about
+    one read of the file; ``progress(bytes)`` is called with the bytes of each chunk checked."""
+    header = header if header is not None else read_safetensors_header(path)
+    with open(path, "rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+    data = np.memmap(path, dtype=np.uint8, mode="r")
+    base = 8 + n
+    bad: dict[str, int] = {}
+    for name, info in sorted(header.items(), key=lambda kv: kv[1]["data_offsets"][0]):
+        lo, hi = (int(x) for x in info["data_offsets"])
+        spec = _EXPONENT.get(info.get("dtype"))
+        if spec is None or hi <= lo:
+            if progress is not None:
+                progress(hi - lo)
+            continue
+        word, mask = spec
+        size = np.dtype(word).itemsize
+        count = 0
+        for start in range(lo, hi, CHECK_CHUNK_BYTES):
+            end = min(hi, start + CHECK_CHUNK_BYTES)
+            words = np.frombuffer(data[base + start:base + end], dtype=word, count=(end - start) // size)
+            count += int(np.count_nonzero((words & word(mask)) == word(mask)))
+            if progress is not None:
+                progress(end - start)
+        if count:
+            bad[name] = count
+    del data
+    return bad
+
+
+def check_values(files: Iterable[Path], report: VerifyReport, headers: dict[Path, dict] | None = None) -> bool:
+    """`models verify`'s value check: every float tensor of ``files`` is read once and must hold no NaN or
+    Inf (a damaged download or disk).  Problems name the file and tensors; True when all are finite."""
+    files = sorted(set(files))
+    headers = headers or {}
+    total = sum(f.stat().st_size for f in files)
+    done = 0
+
+    def advance(n: int) -> None:
+        nonlocal done
+        done += n
+        if report.progress is not None:
+            report.progress(done, total)
+
+    ok, tensors = True, 0
+    for f in files:
+        try:
+            header = headers.get(f) or read_safetensors_header(f)
+            bad = nonfinite_values(f, header, advance)
+        except (CheckpointError, OSError, ValueError) as e:
+            report.problems.append(f"{f}: cannot read its values ({e})")
+            ok = False
+            continue
+        tensors += len(header)
+        if bad:
+            ok = False
+            names = sorted(bad, key=bad.get, reverse=True)
+            listed = ", ".join(f"'{name}' ({bad[name]} values)" for name in names[:3])
+            more = f" and {len(names) - 3} more" if len(names) > 3 else ""
+            report.problems.append(f"{f}: {len(names)} tensor(s) hold NaN or Inf values: {listed}{more}; the file "
+                                   f"is damaged: download it again")
+    if ok:
+        report.checked.append(f"values: no NaN or Inf in {tensors} tensors ({total / 1e9:.2f} GB read)")
+    return ok
 
 
 # ---------------------------------------------------------------- name mapping
@@ -453,6 +533,10 @@ def copy_tensors(files: dict[str, Path], names: Iterable[str], wmap: dict[str, T
                     for name in file_names:
                         dest = wmap[aliases.get(name, name)].destination(tensors)
                         dest.copy_(st.get_tensor(name).view(dest.shape))
+                        if dest.is_floating_point() and not bool(torch.isfinite(dest).all()):
+                            raise CheckpointError(f"{f}: tensor '{name}' holds NaN or Inf values: the file is "
+                                                  f"damaged; download it again (omnidesk models verify checks "
+                                                  f"every tensor)")
             except CheckpointError:
                 raise
             except Exception as e:  # safetensors raises its own error types for damaged files
@@ -461,7 +545,7 @@ def copy_tensors(files: dict[str, Path], names: Iterable[str], wmap: dict[str, T
 
 __all__ = ["CheckpointError", "ConfigError", "DEFAULT_DEVICE_DTYPE", "FLOAT_DTYPES", "MappingReport",
            "ModelTooLargeError", "SAFETENSORS_DTYPES", "Target", "VerifyReport", "cached_repos", "cached_snapshot",
-           "check_weight_files", "checkpoint_shapes", "config_field", "copy_tensors",
-           "header_tensors", "load_config_file", "hf_hub_cache", "match_tensors", "materialize", "read_json", "read_safetensors_header",
+           "check_values", "check_weight_files", "checkpoint_shapes", "config_field", "copy_tensors",
+           "header_tensors", "load_config_file", "hf_hub_cache", "match_tensors", "materialize", "nonfinite_values", "read_json", "read_safetensors_header",
            "repo_cache_dir", "repo_id_of", "require_file", "resolve_checkpoint", "safetensors_summary",
            "weight_files"]

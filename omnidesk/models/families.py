@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from .checkpoint import CheckpointError, VerifyReport, resolve_checkpoint
+from .checkpoint import CheckpointError, ConfigError, VerifyReport, resolve_checkpoint
 
 
 @dataclass(frozen=True)
@@ -85,7 +85,7 @@ class Family:
     verify: Callable[[Path, VerifyReport, bool], None]  # (root, report, load_test): problems into the report
     voices: Callable[[Path], list[str]]  # voice names ([] for a one-voice model)
     declared_dtype: Callable[[Path], str | None]  # the dtype its config declares, if any
-    input_rate: Callable[[Path], int]  # the rate front ends read sound files at (the engine's session rate)
+    input_rate: Callable[[Path], int]  # the rate front ends read sound files at: what the model hears
     repos: dict[str, Recommendation] = field(default_factory=dict)  # published repos `models download` knows
     ignored_options: tuple[str, ...] = ()  # LoadOptions fields it has no use for
     # The unstreamed one-turn tools (`omnidesk reply`, `omnidesk bench`, the terminal check turn): a module
@@ -358,10 +358,15 @@ def _moshi_verify(root: Path, report: VerifyReport, load_test: bool) -> None:
     verify(root, report, load_test)
 
 
-def _session_rate(root: Path) -> int:
-    from ..engine.duplex import SESSION_RATE  # the duplex engine resamples to the model at its boundary
+def _moshi_input_rate(root: Path) -> int:
+    """Mimi's own rate (24 kHz published): what Moshi hears, with no stop at the VAD's 16 kHz on the way."""
+    from .moshi.executor import read_config, read_mimi_config
+    from .moshi.mimi import MIMI
 
-    return SESSION_RATE
+    try:
+        return read_mimi_config(root, read_config(root)[0]).sample_rate
+    except Exception:  # the loader names what is wrong with the checkpoint
+        return MIMI.sample_rate
 
 
 def _moshi_notice() -> str:
@@ -376,7 +381,7 @@ MOSHI = Family(
     name="moshi", title="Moshi", duplex=True, detect=_moshi_detect, demo_name="moshi-demo",
     make_demo=_moshi_make_demo, demo_dir=_moshi_demo_dir, is_demo=_moshi_is_demo, demo_notice=_moshi_notice(),
     load=_moshi_load, verify=_moshi_verify, voices=lambda root: [], declared_dtype=lambda root: None,
-    input_rate=_session_rate,
+    input_rate=_moshi_input_rate,
     repos={
         "kyutai/moshiko-pytorch-bf16": Recommendation(16, 24, "Moshiko (male voice); " + _MOSHI_GUIDANCE),
         "kyutai/moshika-pytorch-bf16": Recommendation(16, 24, "Moshika (female voice); " + _MOSHI_GUIDANCE),
@@ -415,9 +420,19 @@ def family_of(root: str | os.PathLike) -> Family:
     family = detect_family(root)
     if family is not None:
         return family
-    d = _config(root)
-    what = (f"its config.json has model_type {d.get('model_type')!r}" if d is not None
-            else "it has no config.json and not the files of a published Moshi repo")
+    config = root / "config.json"
+    if config.is_file():  # there but unreadable: say where, not that it is missing
+        try:
+            d = json.loads(config.read_text())
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"{config}: not valid JSON: {e.msg} at line {e.lineno}, column {e.colno}") from None
+        except (OSError, UnicodeDecodeError) as e:
+            raise ConfigError(f"{config}: cannot read it ({e})") from None
+        if not isinstance(d, dict):
+            raise ConfigError(f"{config}: expected a JSON object, found {type(d).__name__}")
+        what = f"its config.json has model_type {d.get('model_type')!r}"
+    else:
+        what = "it has no config.json and not the files of a published Moshi repo"
     raise CheckpointError(f"{root}: not a checkpoint OmniDesk can run ({what}); supported: "
                           + ", ".join(f"{f.title} ({f.name})" for f in FAMILIES))
 
@@ -444,15 +459,17 @@ def load_model(name_or_path: str | os.PathLike, device: str, options: LoadOption
     return family.load(root, device, options or LoadOptions())
 
 
-def verify(name_or_path: str | os.PathLike, load_test: bool = True) -> VerifyReport:
-    """`models verify`: never raises; every problem is a message in the report."""
+def verify(name_or_path: str | os.PathLike, load_test: bool = True,
+           progress: Callable[[int, int], None] | None = None) -> VerifyReport:
+    """`models verify`: never raises; every problem is a message in the report.  ``progress(done,
+    total)`` (bytes) follows the read of every tensor value."""
     try:
         root, family = resolve_model(name_or_path)
     except CheckpointError as e:
         report = VerifyReport(Path(name_or_path))
         report.problems.append(str(e))
         return report
-    report = VerifyReport(root, family=family.name, demo=family.is_demo(root))
+    report = VerifyReport(root, family=family.name, demo=family.is_demo(root), progress=progress)
     family.verify(root, report, load_test)
     return report
 

@@ -33,6 +33,7 @@ import logging
 import os
 import threading
 import time
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -79,6 +80,20 @@ def resolve_mode(setting: str | None, device: torch.device | str, family: str | 
     if setting == "on" or (family is not None and family in CPU_COMPILE_PAYS):
         return "compile"
     return "eager"
+
+
+# Runners compiling in the background: told to stop when the interpreter starts to exit (before it joins
+# their threads), so an exit waits for one step's compile at most, not for all of them.
+_live_runners: "weakref.WeakSet[DecodeRunner]" = weakref.WeakSet()
+
+
+def _stop_compiling() -> None:
+    for runner in list(_live_runners):
+        runner.stop()
+
+
+# threading's own exit hook runs before the interpreter joins non-daemon threads (atexit runs after)
+getattr(threading, "_register_atexit", lambda fn: None)(_stop_compiling)
 
 
 def _signature(args: tuple) -> tuple:
@@ -167,6 +182,9 @@ class Step:
             self._ready = True
         except Exception as e:  # noqa: BLE001 - the step stays eager, and says why
             self.stats.error = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+            if self.runner._stop.is_set():  # the process is ending: its compile was cut short, nothing failed
+                log.debug("decode step %s: compile cut short by the exit: %s", self.name, self.stats.error)
+                return
             log.warning("decode step %s stays eager: compile failed: %s", self.name, self.stats.error,
                         exc_info=True)
 
@@ -222,6 +240,7 @@ class DecodeRunner:
         self.pool = torch.cuda.graph_pool_handle() if mode == "graphs" else None
         self.stream = torch.cuda.Stream(self.device) if mode == "graphs" else None
         self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
         self._warm_started: float | None = None
         self.warmup_s: float | None = None
         if mode == "compile":
@@ -259,15 +278,25 @@ class DecodeRunner:
 
         def run():
             for s in list(self.steps.values()):
+                if self._stop.is_set():
+                    return
                 s.warm_up()
             self.warmup_s = time.perf_counter() - self._warm_started
 
         if background:
-            self._thread = threading.Thread(target=run, name="omnidesk-compile", daemon=True)
+            # Not a daemon: a process that ends while inductor compiles would crash in its teardown (seen:
+            # SIGSEGV / "terminate called without an active exception").  At exit the interpreter waits
+            # for the step being compiled; the ones after it are skipped (stop()).
+            self._thread = threading.Thread(target=run, name="omnidesk-compile", daemon=False)
             self._thread.start()
+            _live_runners.add(self)
         else:
             self._thread = threading.current_thread()
             run()
+
+    def stop(self) -> None:
+        """Compile no further step (the one under way finishes: it cannot be interrupted safely)."""
+        self._stop.set()
 
     def wait_ready(self, timeout: float | None = None) -> bool:
         """Block until the background warm-up is over (True) or ``timeout`` passed (False)."""

@@ -57,6 +57,30 @@ from .sampling import Sampler, SamplingParams, device_generator, sample
 # Marks where an assistant reply's text sits when the chat template is rendered to find the
 # text between turns; never tokenized.
 _REPLY_MARK = "\x00omnidesk-reply\x00"
+# The token a decode step returns when its logits held NaN or Inf (no token id is negative): the executor
+# sees it at the one host read it makes per step, and ends the turn with a clear error instead of
+# speaking from garbage.  Checked on the device, inside the step: no extra sync.
+NONFINITE = -1
+
+
+class NonFiniteLogits(RuntimeError):
+    """A step's logits were NaN or Inf (damaged weights, or activations that overflowed)."""
+
+
+def guard_finite(logits: torch.Tensor, token: torch.Tensor) -> torch.Tensor:
+    """``token``, or :data:`NONFINITE` where ``logits`` hold a NaN or Inf (no host sync)."""
+    return torch.where(torch.isfinite(logits).all(), token, torch.full_like(token, NONFINITE))
+
+
+def read_token(token: torch.Tensor | int, what: str) -> int:
+    """The host's one read of a step's chosen token; :class:`NonFiniteLogits` for :data:`NONFINITE`."""
+    value = int(token)
+    if value == NONFINITE:
+        raise NonFiniteLogits(f"the {what} produced NaN or Inf values: this reply stops here (the weights may be "
+                              f"damaged: omnidesk models verify checks every tensor)")
+    return value
+
+
 # A typical conversational speaking rate, used only until the talker has finished a reply.
 DEFAULT_CHARS_PER_SECOND = 14.0
 FLOOR_DB_RANGE = 8.0  # log10 dynamic range of the features (the reference's max - 8)
@@ -275,9 +299,10 @@ class ThinkerTalkerExecutor(Executor):
         """The thinker's decode step: reply token [1] at input_pos [1] -> (hidden [H], talker row [W],
         the next token [1] chosen and marked in ``sampler``)."""
         hidden, row = self._decode_thinker(self.thinker.embed_tokens(token), cache, input_pos)
-        nxt = sample(self.thinker.logits(hidden[-1]), sampler.params, sampler.seen, sampler.noise, sampler.suppress)
+        logits = self.thinker.logits(hidden[-1])
+        nxt = sample(logits, sampler.params, sampler.seen, sampler.noise, sampler.suppress)
         sampler.mark(nxt)
-        return hidden[-1], row[-1], nxt
+        return hidden[-1], row[-1], guard_finite(logits, nxt)
 
     def _unread_context(self) -> torch.Tensor:
         """The talker rows of prompt positions ``[talker_context, prompt_end)`` it reads, i.e. what
@@ -512,6 +537,14 @@ class ThinkerTalkerExecutor(Executor):
 
     drop_headroom = 0.25  # fraction of the cache a cache-full drop leaves free (see _ensure_room)
 
+    def max_turn_audio_s(self) -> float:
+        """Seconds of one user turn that fit a fresh conversation with room for the reply: the user's
+        audio at the encoder's token rate, after the turn's text and before the reply's share."""
+        pieces = self._turn_pieces
+        room = self.capacity - len(pieces["first_head"]) - len(pieces["tail"]) - 1 - self._reply_room()
+        tokens_per_s = self.block_tokens / (self.block_samples / self.sample_rate_in)
+        return max(0.0, room / tokens_per_s)
+
     def _reply_room(self) -> int:
         """Positions end_user_turn tries to leave free for the reply (so a full cache does not cut
         it short): a whole reply, but at most a quarter of the cache."""
@@ -604,7 +637,8 @@ class ThinkerTalkerExecutor(Executor):
         r = self.reply_state(text_sampler=text_sampler, feed=ReplyFeed(*self._feed_ends()))
         self._start_speech(r, voice, seed)
         self._reply = r
-        r.next_token = text_sampler.pick(self.thinker.logits(self._last_hidden))
+        logits = self.thinker.logits(self._last_hidden)
+        r.next_token = guard_finite(logits, text_sampler.pick(logits))
 
     @property
     def thinker_done(self) -> bool:
@@ -631,7 +665,7 @@ class ThinkerTalkerExecutor(Executor):
         r = self._reply
         if r is None or r.thinker_done:
             return None
-        token = int(r.next_token)  # the step's one host sync: the token chosen by the last step
+        token = read_token(r.next_token, "thinker")  # the step's one host sync: the last step's token
         r.text.append(token)
         if token in self.stop_ids or len(r.text) >= self.max_reply_tokens \
                 or self.thinker_cache.length + 1 > self.capacity:
@@ -668,7 +702,7 @@ class ThinkerTalkerExecutor(Executor):
             self._start_talker()
         if not r.feed.ready:  # the thinker is behind: wait for the row this code is fed with
             return None
-        code = int(r.next_code)  # the step's one host sync
+        code = read_token(r.next_code, "talker")  # the step's one host sync
         if code in self.talker_stop_ids or len(r.codes) >= self.max_codec_tokens:
             r.talker_done = True
             return None
@@ -756,6 +790,7 @@ class Reply:
     codec_ids: list[int] = field(default_factory=list)  # one per talker step (codebook 0 where there are several)
     text: str = ""
     codec_frames: list[list[int]] = field(default_factory=list)  # every codebook per step, where there are several
+    dropped_audio_s: float = 0.0  # the start of an utterance too long for the context, not heard (run_turn)
 
 
 def run_turn(ex: ThinkerTalkerExecutor, waveform: torch.Tensor, voice: str | None = None, seed: int = 0,
@@ -764,11 +799,17 @@ def run_turn(ex: ThinkerTalkerExecutor, waveform: torch.Tensor, voice: str | Non
     talk to the end (no audio).  The same executor the engine streams with, driven sequentially:
     used by ``omnidesk reply``, by the tests against transformers' ``generate`` and as the
     unstreamed run the streamed one must equal.  A failure raises
-    :class:`~omnidesk.engine.executor.StageError` naming its stage."""
+    :class:`~omnidesk.engine.executor.StageError` naming its stage.
+
+    An utterance longer than the context holds is handled as a long conversation is: its oldest part is
+    dropped and the newest that fits is heard (``Reply.dropped_audio_s`` says how much was dropped)."""
+    audio = waveform.detach().cpu().float().numpy()
+    keep = int(ex.max_turn_audio_s() * ex.sample_rate_in)
+    dropped = max(0, audio.size - keep)
     with stage("thinker"):  # the encoder and the voice tag their own failures
         ex.begin_user_turn()
-        ex.add_user_audio(waveform.detach().cpu().float().numpy())
-        reply = Reply(prompt_ids=list(ex.end_user_turn()))
+        ex.add_user_audio(audio[dropped:])
+        reply = Reply(prompt_ids=list(ex.end_user_turn()), dropped_audio_s=dropped / ex.sample_rate_in)
         ex.start_reply(voice, seed)
         while not ex.thinker_done:
             ex.thinker_step()

@@ -14,7 +14,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..checkpoint import CheckpointError, ConfigError, VerifyReport, header_tensors, read_safetensors_header
+from ..checkpoint import (CheckpointError, ConfigError, VerifyReport, check_values, header_tensors,
+                          read_safetensors_header)
 from .. import memory
 from .executor import estimate_memory, load_moshi, read_config, read_mimi_config
 from .lm import check_mapping
@@ -31,6 +32,7 @@ def verify(root: Path, report: VerifyReport, load_test: bool = True) -> None:
         return
     checks = ((cfg.moshi_name, "the language model", lambda h: check_mapping(cfg, h)),
               (cfg.mimi_name, "the Mimi codec", lambda h: check_mimi_tensors(mimi_cfg, header_tensors(h))))
+    weights: list[Path] = []
     for name, what, check in checks:
         path = root / name
         if not path.is_file():
@@ -43,8 +45,11 @@ def verify(root: Path, report: VerifyReport, load_test: bool = True) -> None:
             continue
         if mapping.ok:
             report.checked.append(f"{name}: tensor names, shapes and dtypes ({len(mapping.loaded)} tensors)")
+            weights.append(path)
         else:
             report.problems.append(mapping.error(str(path)))
+    if weights:  # every value read once: a damaged file can hold NaN/Inf that no header shows
+        check_values(weights, report)
     if (root / cfg.tokenizer_name).is_file():
         report.checked.append(cfg.tokenizer_name)
     else:

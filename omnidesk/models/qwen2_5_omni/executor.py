@@ -23,7 +23,8 @@ import torch
 
 from ...engine.executor import stage
 from ..sampling import Sampler, SamplingParams, device_generator, sample
-from ..thinker_talker import DEFAULT_CHARS_PER_SECOND, ReplyState, ThinkerTalkerExecutor, generation_defaults
+from ..thinker_talker import (DEFAULT_CHARS_PER_SECOND, ReplyState, ThinkerTalkerExecutor, generation_defaults,
+                              guard_finite)
 from .loading import OmniStack
 from .reply import SPEECH_SYSTEM_PROMPT, talker_defaults, thinker_stop_ids
 from .tokenizer import SPECIAL_TOKENS
@@ -102,7 +103,7 @@ class QwenOmniExecutor(ThinkerTalkerExecutor):
         logits = self.talker.forward_static(x, cache, input_pos)[-1]
         nxt = sample(logits, sampler.params, sampler.seen, sampler.noise, sampler.suppress)
         sampler.mark(nxt)
-        return nxt
+        return guard_finite(logits, nxt)
 
     def _feed_ends(self):
         w, tcfg = self.thinker.embed_tokens.weight, self.cfg.talker
@@ -143,7 +144,7 @@ class QwenOmniExecutor(ThinkerTalkerExecutor):
         logits = self.talker(torch.cat([new_rows, speech]), self.talker_cache)
         self.talker_context = self.prompt_end
         r.talker_logits = logits[-1]
-        r.next_code = r.codec_sampler.pick(r.talker_logits)
+        r.next_code = guard_finite(r.talker_logits, r.codec_sampler.pick(r.talker_logits))
 
     def _advance_talker(self, r: "QwenReply", code: int) -> None:
         r.codes.append(code)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from ..checkpoint import CheckpointError, ConfigError, VerifyReport, check_weight_files, read_json
+from ..checkpoint import CheckpointError, ConfigError, VerifyReport, check_values, check_weight_files, read_json
 from .. import memory
 from .config import OmniConfig
 from . import loading
@@ -76,7 +76,7 @@ def verify(root: Path, report: VerifyReport, load_test: bool = True) -> None:
                 report.checked.append(f"spk_dict.pt ({len(voices)} voices)")
             except (CheckpointError, ConfigError) as e:
                 report.problems.append(str(e))
-    shapes, _, intact = check_weight_files(root, report)
+    shapes, headers, intact = check_weight_files(root, report)
     if cfg is not None and intact:
         if cfg.talker is None:
             shapes = {n: s for n, s in shapes.items() if not n.startswith(("talker.", "token2wav."))}
@@ -85,6 +85,8 @@ def verify(root: Path, report: VerifyReport, load_test: bool = True) -> None:
             report.checked.append(f"tensor names and shapes ({len(mapping.loaded)} tensors)")
         else:
             report.problems.append(mapping.error(str(root)))
+    if intact:  # every value read once: a damaged file can hold NaN/Inf that no header shows
+        check_values(headers, report, headers)
     if load_test and not report.problems:
         _load_test(root, cfg, report)
 

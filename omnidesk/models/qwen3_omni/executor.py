@@ -44,7 +44,8 @@ import torch
 from ...engine.executor import stage
 from ..kv_cache import KVCache, KVSpan
 from ..sampling import Sampler, SamplingParams, device_generator, sample
-from ..thinker_talker import DEFAULT_CHARS_PER_SECOND, ReplyState, ThinkerTalkerExecutor, generation_defaults
+from ..thinker_talker import (DEFAULT_CHARS_PER_SECOND, ReplyState, ThinkerTalkerExecutor, generation_defaults,
+                              guard_finite)
 from .loading import Qwen3OmniStack
 
 # The output rate of code2wav (12.5 frames/s x 1920 samples), from the model card: config.json has no field for it.
@@ -237,7 +238,7 @@ class Qwen3OmniExecutor(ThinkerTalkerExecutor):
         h, logits = self.talker.forward_static((embedding + reply_row)[None], cache, input_pos)
         nxt = sample(logits[-1], codec.params, codec.seen, codec.noise, codec.suppress)
         codec.mark(nxt)
-        return frame, h[-1], nxt
+        return frame, h[-1], guard_finite(logits[-1], nxt)
 
     def _text_rows(self, token_ids: list[int]) -> torch.Tensor:
         w = self.thinker.embed_tokens.weight
@@ -278,7 +279,7 @@ class Qwen3OmniExecutor(ThinkerTalkerExecutor):
         hidden, logits = self.talker(torch.cat([new_rows, text + codec]), self.talker_cache)
         self.talker_context = self.prompt_end
         r.talker_hidden, r.talker_logits = hidden[-1], logits[-1]
-        r.code0 = r.next_code = r.codec_sampler.pick(r.talker_logits)
+        r.code0 = r.next_code = guard_finite(r.talker_logits, r.codec_sampler.pick(r.talker_logits))
 
     def _advance_talker(self, r: "Qwen3Reply", code0: int) -> None:
         """One 80 ms frame (one decode step): the code predictor completes the frame of ``code0``

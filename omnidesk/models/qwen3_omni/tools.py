@@ -19,13 +19,14 @@ from .loading import Qwen3OmniStack
 def generate_reply(stack: Qwen3OmniStack, waveform: torch.Tensor, voice: str | None = None,
                    thinker_sampling: SamplingParams | None = None, talker_sampling: SamplingParams | None = None,
                    max_text_tokens: int = 256, max_codec_tokens: int = 1500, seed: int = 0, speak: bool = True,
-                   system_prompt: str = SYSTEM_PROMPT) -> Reply:
+                   system_prompt: str = SYSTEM_PROMPT, compile: str | None = "off") -> Reply:
     """One turn for a whole utterance (16 kHz mono); the thinker's sampling defaults to greedy.
     ``max_codec_tokens`` counts 80 ms frames."""
     ex = Qwen3OmniExecutor(stack, max_reply_tokens=max_text_tokens, max_codec_tokens=max_codec_tokens,
-                           system_prompt=system_prompt,
+                           system_prompt=system_prompt, compile=compile,
                            thinker_sampling=thinker_sampling or SamplingParams(greedy=True),
                            talker_sampling=talker_sampling)
+    ex.runner.wait_ready()  # compiling asked for (``compile``): one turn is all there is, so wait for it
     return run_turn(ex, waveform, voice, seed, speak)
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from .. import memory
-from ..checkpoint import ConfigError, VerifyReport, check_weight_files, read_json
+from ..checkpoint import ConfigError, VerifyReport, check_values, check_weight_files, read_json
 from ..qwen2_5_omni.verify import config_dtype
 from . import loading
 from .config import Qwen3OmniConfig
@@ -65,7 +65,7 @@ def verify(root: Path, report: VerifyReport, load_test: bool = True) -> None:
             report.checked.append(name)
         else:
             report.problems.append(f"{root}: missing file {name}")
-    shapes, _, intact = check_weight_files(root, report)
+    shapes, headers, intact = check_weight_files(root, report)
     if cfg is not None and intact:
         mapping = check_mapping(cfg, shapes)
         if mapping.ok:
@@ -74,6 +74,8 @@ def verify(root: Path, report: VerifyReport, load_test: bool = True) -> None:
                                   + (f"; {unused} vision tensors not used" if unused else "") + ")")
         else:
             report.problems.append(mapping.error(str(root)))
+    if intact:  # every value read once: a damaged file can hold NaN/Inf that no header shows
+        check_values(headers, report, headers)
     if load_test and report.usable:
         _load_test(root, cfg, report)
 

@@ -1,0 +1,104 @@
+"""The microphone's path in a live session: device capture -> echo canceller -> the model's rate.
+
+Rates.  The model hears the device at its own rate: :class:`CapturePath` hands the engine 40 ms
+frames at the executor's input rate (16 kHz for the Qwen encoders, 24 kHz for Mimi), with one
+resample on the way where it can.  The echo canceller (WebRTC AEC3) takes 8/16/32/48 kHz only;
+it runs at :func:`~omnidesk.audio.aec.canceller_rate` of the model's rate (16 kHz for a 16 kHz
+model; 48 kHz for Mimi, a clean 2:1 down to 24 kHz, and the session opens the device at 48 kHz
+for it where it can).  With the canceller on (speakers)::
+
+    mic, reference (device rate) --[to the canceller's rate, the same filter on both]-->
+        canceller, 40 ms frames --[to the model's rate]--> engine
+
+Each bracket is skipped when the rates already match: a 48 kHz device under Mimi resamples once
+(48 -> 24 kHz after the canceller), a 16 kHz model once (device -> 16 kHz before it).  With the
+canceller bypassed (headphones) the same path runs (it returns the microphone untouched), unless
+that would resample twice (a 24 or 44.1 kHz device under Mimi): then the microphone goes from the
+device's rate straight to the model's (none at all from a 24 kHz device).  A duplex engine makes
+the speech detector's 16 kHz copy itself, a side branch off the model's path.
+
+Engine thread only; the audio callbacks never see this.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+FRAME_MS = 40
+
+
+class _Resampler:
+    """A streaming soxr resampler, or nothing when the rates match."""
+
+    def __init__(self, rate_in: int, rate_out: int):
+        import soxr
+
+        self._rs = None if rate_in == rate_out else \
+            soxr.ResampleStream(rate_in, rate_out, 1, dtype="float32", quality="HQ")
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        return x if self._rs is None else self._rs.resample_chunk(x)
+
+    def clear(self) -> None:
+        if self._rs is not None:
+            self._rs.clear()
+
+
+class CapturePath:
+    """Device audio (microphone + the reference the speaker played meanwhile) -> 40 ms frames at
+    ``rate``.  ``cancel(mic, reference)`` is the echo canceller on one 40 ms frame at
+    ``canceller_rate`` (it returns the microphone untouched while bypassed)."""
+
+    def __init__(self, device_rate: int, rate: int, canceller_rate: int,
+                 cancel: Callable[[np.ndarray, np.ndarray], np.ndarray]):
+        self.device_rate, self.rate, self.canceller_rate = device_rate, rate, canceller_rate
+        self.cancel = cancel
+        # bypassed, the canceller's way would resample twice: go straight from the device then
+        self.direct_when_bypassed = device_rate != canceller_rate and canceller_rate != rate
+        self._mic_in = _Resampler(device_rate, canceller_rate)
+        self._ref_in = _Resampler(device_rate, canceller_rate)  # the same filter: the pair stays aligned
+        self._out = _Resampler(canceller_rate, rate)
+        self._direct = _Resampler(device_rate, rate)
+        self._cancel_n = canceller_rate * FRAME_MS // 1000
+        self._frame_n = rate * FRAME_MS // 1000
+        self._direct_now = False
+        self.clear()
+
+    def clear(self) -> None:
+        """Forget everything buffered (the streams were reopened)."""
+        for rs in (self._mic_in, self._ref_in, self._out, self._direct):
+            rs.clear()
+        self._mic = self._ref = self._ready = np.zeros(0, np.float32)
+
+    def describe(self, bypassed: bool) -> str:
+        """The rates along the path, e.g. "device 48000 Hz -> echo canceller 48000 Hz -> model 24000 Hz"."""
+        if bypassed and self.direct_when_bypassed:
+            steps = [("device", self.device_rate), ("model", self.rate)]
+        else:
+            steps = [("device", self.device_rate)] + ([] if bypassed else [("echo canceller", self.canceller_rate)]) \
+                + [("model", self.rate)]
+        return " -> ".join(f"{name} {rate} Hz" for name, rate in steps)
+
+    def push(self, mic: np.ndarray, reference: np.ndarray, bypassed: bool) -> list[np.ndarray]:
+        """What was captured since the last call -> the whole 40 ms frames now ready, at ``rate``."""
+        direct = bypassed and self.direct_when_bypassed
+        if direct != self._direct_now:  # headphones switched: the other way starts from scratch
+            self.clear()
+            self._direct_now = direct
+        if direct:
+            y = self._direct(mic)
+        else:
+            self._mic = np.concatenate([self._mic, self._mic_in(mic)])
+            self._ref = np.concatenate([self._ref, self._ref_in(reference)])
+            n, k = min(self._mic.size, self._ref.size), self._cancel_n
+            cleaned = [self.cancel(self._mic[i:i + k], self._ref[i:i + k]) for i in range(0, n - k + 1, k)]
+            done = len(cleaned) * k
+            self._mic, self._ref = self._mic[done:], self._ref[done:]
+            y = self._out(np.concatenate(cleaned)) if cleaned else np.zeros(0, np.float32)
+        self._ready = np.concatenate([self._ready, y])
+        m = self._frame_n
+        frames = [self._ready[i:i + m] for i in range(0, self._ready.size - m + 1, m)]
+        self._ready = self._ready[len(frames) * m:]
+        return frames
