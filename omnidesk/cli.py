@@ -209,9 +209,10 @@ def _speech_found(audio, rate: int, detector: str) -> bool:
         audio = soxr.resample(audio, rate, vad_rate).astype(np.float32)
     cfg = EndpointerConfig()
     if detector == "webrtc":
-        from omnidesk.audio.vad import WebRtcVAD
+        from omnidesk.audio.vad import FILE_FLOOR_DBFS, WebRtcVAD, WebRtcVADConfig
 
-        vad = WebRtcVAD(sample_rate=vad_rate)
+        # a file is all start-up for webrtcvad: faint hiss would pass as speech without a floor
+        vad = WebRtcVAD(sample_rate=vad_rate, config=WebRtcVADConfig(floor_dbfs=FILE_FLOOR_DBFS))
     else:
         vad = EnergyVAD()
     frame = int(round(vad_rate * FRAME_S))
@@ -437,7 +438,7 @@ def cmd_talk(args) -> int:
     import soundfile as sf
 
     from omnidesk.engine.engine import EngineConfig
-    from omnidesk.engine.talk import Script, latency_table, run_script
+    from omnidesk.engine.talk import LATENCY_HEADER, Script, latency_row, run_script
     from omnidesk.engine.timeline import Timeline
 
     barge_seconds = barge_path = None
@@ -474,26 +475,56 @@ def cmd_talk(args) -> int:
         detector = WebRtcVAD(sample_rate=vad_rate(executor))  # 16 kHz, also where the model hears 24
     after = None if args.interrupt_after is None else args.interrupt_after / 1000.0
     judge = _end_of_turn_judge(args, prepared, blocking=args.fast)  # --fast: scored inline, reproducibly
+    held: dict = {}
+    interrupted = False
+    printed: set[int] = set()  # turns whose line is out: each turn is printed as it ends
+
+    def print_turn(kind, turn) -> None:
+        if kind in ("done", "interrupted", "error") and not prepared.duplex:
+            turn = getattr(turn, "turn", turn)  # an error update carries its turn
+            if turn in timeline.turns and id(turn) not in printed:
+                if not printed:
+                    print(LATENCY_HEADER, flush=True)
+                printed.add(id(turn))
+                print(latency_row(timeline.turns.index(turn) + 1, turn), flush=True)
+
     try:
         engine, speaker = asyncio.run(run_script(executor, Script(inputs, barge, args.no_vad, after), config,
-                                                 timeline, realtime=not args.fast, detector=detector, judge=judge))
+                                                 timeline, realtime=not args.fast, detector=detector, judge=judge,
+                                                 held=held, on_update=print_turn))
+    except KeyboardInterrupt:  # Ctrl-C: what happened so far is still written
+        if "speaker" not in held:
+            raise
+        engine, speaker, interrupted = held["engine"], held["speaker"], True
     finally:
         if judge is not None:
             judge.close()
     # written whatever happened: a failed turn is in the timeline with the turns before it
     args.doing = "writing the results"
-    sf.write(args.output, speaker.recording(), speaker.sample_rate)
+    write_wav(args.output, speaker.recording(), speaker.sample_rate)
     timeline.extra["preemptive_used"] = engine.stats.preemptive_used
     timeline.extra["preemptive_discarded"] = engine.stats.preemptive_discarded
     timeline.extra["false_barge_ins"] = engine.stats.false_barge_ins
     timeline.write(args.timeline)
-    print(duplex_summary(timeline.extra.get("duplex") or {}) if prepared.duplex else latency_table(timeline))
+    if prepared.duplex:
+        print(duplex_summary(timeline.extra.get("duplex") or {}))
+    else:  # the turns not printed yet (one cut short by the end of the run)
+        for number, turn in enumerate(timeline.turns, 1):
+            if id(turn) not in printed:
+                if not printed:
+                    print(LATENCY_HEADER)
+                printed.add(id(turn))
+                print(latency_row(number, turn))
     if getattr(args, "server", None):  # each turn's network share; the server's audio notice
         from omnidesk.remote.frontend import session_notes
 
         for line in session_notes(timeline, args.remote_said):
             print(line)
     print(f"wrote {args.output} ({speaker.clock_samples / speaker.sample_rate:.1f} s) and {args.timeline}")
+    if interrupted:
+        print(f"interrupted: the timeline holds the {len(timeline.turns)} turn(s) so far and {args.output} what "
+              f"was played", file=sys.stderr)
+        return 130
     failure = getattr(engine, "failure", None)
     if failure is not None:
         print(f"error: the reply failed in the {failure.stage}: {failure.message}", file=sys.stderr)
@@ -758,25 +789,28 @@ QUANTIZE_HELP = ("weights: 'int8' quantizes a bf16/fp16/fp32 checkpoint's thinke
                  "A GPTQ/AWQ 4-bit checkpoint runs 4-bit without it")
 
 
-def _quantize_option(p: argparse.ArgumentParser) -> None:
-    """--quantize of a command (lands in sub_quantize; merged with the top-level one by :func:`_merge_options`)."""
-    from omnidesk.models.quant import QUANTIZE_CHOICES
-
-    p.add_argument("--quantize", dest="sub_quantize", choices=QUANTIZE_CHOICES,
-                   help=QUANTIZE_HELP + "." + BOTH_HELP.format(opt="--quantize"))
-
-
 COMPILE_HELP = ("decode steps: 'auto' (default) captures them as CUDA graphs on a GPU and compiles them on the CPU "
                 "where that pays; 'on' compiles (CPU) or captures (GPU) them; 'off' runs them eagerly. Compiling "
                 "runs in the background (the conversation starts at once, eagerly) and is cached on disk")
 
 
+def _command_option(p: argparse.ArgumentParser, name: str, choices, help_text: str) -> None:
+    """--NAME of a command, also accepted before it (lands in sub_NAME; merged with the top-level one by
+    :func:`_merge_options`)."""
+    p.add_argument(f"--{name}", dest=f"sub_{name}", choices=choices,
+                   help=help_text + "." + BOTH_HELP.format(opt=f"--{name}"))
+
+
+def _quantize_option(p: argparse.ArgumentParser) -> None:
+    from omnidesk.models.quant import QUANTIZE_CHOICES
+
+    _command_option(p, "quantize", QUANTIZE_CHOICES, QUANTIZE_HELP)
+
+
 def _compile_option(p: argparse.ArgumentParser) -> None:
-    """--compile of a command (lands in sub_compile; merged with the top-level one by :func:`_merge_options`)."""
     from omnidesk.models.runner import SETTINGS
 
-    p.add_argument("--compile", dest="sub_compile", choices=SETTINGS,
-                   help=COMPILE_HELP + "." + BOTH_HELP.format(opt="--compile"))
+    _command_option(p, "compile", SETTINGS, COMPILE_HELP)
 
 
 def _merge_options(args) -> None:

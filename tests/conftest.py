@@ -65,3 +65,13 @@ def sharded(tmp_path_factory):
     path = tmp_path_factory.mktemp("tiny-a-sharded")
     tiny.write_checkpoint(path, "a", max_shard_size="200KB")
     return path
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Toy-sized ops run fastest on one thread (what load_moshi picks for a model this small), and a busy
+    machine cannot stall them at a barrier; a module uses it with ``pytestmark``."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -33,13 +33,7 @@ from dump_lm_shapes import build_meta_7b, published_state_dict  # noqa: E402
 FRAMES = 60
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Toy-sized ops run fastest on one thread, and a busy machine cannot stall them at a barrier."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def tiny_kwargs(**changes) -> dict:

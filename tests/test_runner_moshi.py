@@ -32,13 +32,7 @@ GREEDY = MoshiSampling(greedy=True)
 SAMPLED = MoshiSampling(text_temperature=0.9, text_top_k=10, audio_temperature=1.0, audio_top_k=50)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Toy-sized ops run fastest on one thread (what load_moshi picks for a model this small)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

@@ -16,11 +16,13 @@ WebRTC VAD keeps internal state (noise estimates, hangover) between calls, so
 one instance should see one contiguous stream; :meth:`WebRtcVAD.reset` starts
 over.  While that noise model adapts (the first ~100 ms of a fresh stream, or
 after a step up in the noise floor) steady noise around -60 dBFS can be called
-speech; a microphone stream that has been open a moment is past it.  Hence a floor: a frame quieter
-than ``floor_dbfs`` (RMS, default -65 dBFS: 5 dB under the noise floor of the recorded human turns in
-shared/data/turns-human, the quietest frames webrtcvad calls speech there, and far under any speech) is
-never speech.  A file of faint hiss (sox's ``whitenoise vol -60dB``: -70 dBFS RMS) is then what it is,
-no speech, like a silent one.  Noise at -60 dBFS and above still meets the start-up effect.
+speech; a microphone stream that has been open a moment is past it.  A file is all start-up, so
+checking one for speech takes a floor: a frame quieter than ``floor_dbfs`` (RMS; ``FILE_FLOOR_DBFS``
+= -65 dBFS, 5 dB under the noise floor of the recorded human turns in shared/data/turns-human, the
+quietest frames webrtcvad calls speech there) is never speech, so a file of faint hiss (sox's
+``whitenoise vol -60dB``: -70 dBFS RMS) holds no speech, like a silent one.  The live microphone
+path has no floor: behind the echo canceller the first frames of a user talking over the assistant
+can be that quiet, and a floor there delayed barge-ins by ~350 ms (tests/test_live.py).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import numpy as np
 FRAME_MS = 40  # what the engine delivers
 _SUBFRAME_MS = 20  # what webrtcvad is fed (10/20/30 ms allowed)
 _SUPPORTED_RATES = (8000, 16000, 32000, 48000)
+FILE_FLOOR_DBFS = -65.0  # checking a file for speech: quieter frames are not speech (module docstring)
 
 
 @dataclass
@@ -40,7 +43,7 @@ class WebRtcVADConfig:
     # speech), 3 = most aggressive.  2 rejects steady fan/room noise while
     # keeping soft onsets.
     aggressiveness: int = 2
-    floor_dbfs: float = -65.0  # frames quieter than this (RMS) are not speech (module docstring)
+    floor_dbfs: float | None = None  # frames quieter than this (RMS) are not speech (module docstring)
 
     def __post_init__(self):
         if isinstance(self.aggressiveness, bool) or not isinstance(self.aggressiveness, int):
@@ -89,5 +92,5 @@ class WebRtcVAD:
         second = self._vad.is_speech(pcm[h:].tobytes(), self.sample_rate)
         if not (first or second):
             return False
-        power = float(np.dot(x, x)) / x.size
-        return power > 10.0 ** (self.config.floor_dbfs / 10.0)
+        floor = self.config.floor_dbfs
+        return floor is None or float(np.dot(x, x)) / x.size > 10.0 ** (floor / 10.0)

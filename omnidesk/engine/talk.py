@@ -107,10 +107,13 @@ class Script:
 
 async def run_script(executor: Executor, script: Script, config: EngineConfig, timeline: Timeline,
                      realtime: bool = True, endpointer_config: EndpointerConfig | None = None,
-                     on_update=None, detector=None, judge=None) -> tuple[Engine | DuplexEngine, VirtualSpeaker]:
+                     on_update=None, detector=None, judge=None,
+                     held: dict | None = None) -> tuple[Engine | DuplexEngine, VirtualSpeaker]:
     """``detector``: the per-frame speech detector (``omnidesk talk`` passes webrtcvad; the
     default, an energy threshold, suits synthetic test signals).  ``judge``: an end-of-turn judge
-    (:mod:`omnidesk.engine.turn_judge`; None: the fixed silence rule); the caller closes it."""
+    (:mod:`omnidesk.engine.turn_judge`; None: the fixed silence rule); the caller closes it.
+    ``held`` gets the engine and the speaker as soon as they exist, so a caller whose run is cut short
+    (Ctrl-C) can still write what was played and the turns so far."""
     rate_in = session_rate(executor)  # the microphone: what the model hears, as it hears it
     duplex = getattr(executor, "duplex", False)
     frame_in = int(round(FRAME_S * rate_in))
@@ -121,6 +124,8 @@ async def run_script(executor: Executor, script: Script, config: EngineConfig, t
         Endpointer(detector or EnergyVAD(), endpointer_config or EndpointerConfig(), vad, judge=judge)
     engine = make_engine(executor, endpointer, speaker, config, timeline, on_update)
     engine.interrupt_after_s = script.interrupt_after_s
+    if held is not None:
+        held.update(engine=engine, speaker=speaker)
     t = 0.0
     start = time.monotonic()
     overlay = None  # (start_sample_on_mic_clock, audio)
@@ -208,6 +213,8 @@ def latency_row(number: int, turn) -> str:
     elif turn.interrupted:
         b = turn.barge_in
         cut = f"yes: kept {b.kept_text_tokens} tok, rolled back {b.rolled_back_tokens}"
+    if (turn.extra.get("end_of_turn") or {}).get("ended_by") == "length":  # the user went on speaking
+        cut = ("" if cut == "-" else cut + "; ") + "your turn was cut at the utterance limit (it went on in the next)"
     return (f"{number:4d}  {ms(turn.user_speech_end, turn.endpoint):>13}  "
             f"{ms(turn.endpoint, ev['first_audio_chunk']):>19}  {ms(turn.endpoint, ev['playback_start']):>17}  "
             f"{ms(turn.user_speech_end, ev['playback_start']):>14}  {len(turn.text_token_ids):4d}  "
