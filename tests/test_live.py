@@ -163,7 +163,7 @@ def barge_in(pulse):
     return barge
 
 
-def check_interrupted(session, audio, t_rec, marks):
+def check_interrupted(session, audio, t_rec, marks, rec=None):
     turns = session.timeline.turns
     validate(session.timeline.to_dict())
     first = turns[0]
@@ -202,6 +202,10 @@ def check_interrupted(session, audio, t_rec, marks):
           f"(pacat took {1000 * (speech_at - marks['barge_start']):.0f} ms to start it); timeline onset -> "
           f"confirmed {1000 * (b.confirmed - b.onset):.0f} ms, kept {b.kept_text_tokens} text tokens, "
           f"rolled back {b.rolled_back_tokens}; false barge-ins {session.stats.false_barge_ins}")
+    if rec is not None:  # shown when it fails: where the time went
+        for wall, kind, payload in rec.events:
+            if kind == "state":
+                print(f"  {payload.name} at {1000 * (wall - speech_at):+.0f} ms from the speech in the mic")
     assert stop_s < BARGE_IN_STOP_BOUND_S
 
 
@@ -228,7 +232,7 @@ def test_speech_during_reply_interrupts_it(pulse_server, executor):
     # virtual mic: the canceller must not mute the user (it did before its warm-up, see aec.py)
     session, rec, audio, t_rec, marks = run_turn(pulse_server, executor, during_reply=barge_in(pulse_server),
                                                  rec_seconds=16.0)
-    check_interrupted(session, audio, t_rec, marks)
+    check_interrupted(session, audio, t_rec, marks, rec)
 
 
 def test_noise_burst_during_reply_does_not_interrupt(pulse_server, executor):
@@ -304,7 +308,7 @@ def test_barge_in_works_through_echo_cancellation(pulse_server, executor, echo_p
     # laptop speakers: the user talks over the assistant's echo
     session, rec, audio, t_rec, marks = run_turn(pulse_server, executor, during_reply=barge_in(pulse_server),
                                                  rec_seconds=16.0)
-    check_interrupted(session, audio, t_rec, marks)
+    check_interrupted(session, audio, t_rec, marks, rec)
 
 
 def test_live_command_on_virtual_devices(pulse_server, tmp_path):

@@ -13,7 +13,7 @@ finiteness and that every stage runs are checked.
 Cost on the 2-core, 24 GB test machine, quiet / shared with other jobs (the
 test then got ~60% of the CPU): writing the checkpoint (once per recipe,
 12 GB) 72 s / 128 s; loading 10-16 s / 33-67 s; the turn 43-125 s / 365-375 s
-(the 36 velocity evaluations of the first vocoder chunk dominate); the whole
+(with the previous plan's 36-code first chunk; its 36 velocity evaluations dominated); the whole
 test 3.7 min cold and 1.1 min warm / 9.4 min cold and 7.6 min warm.  Peak RSS
 13.2 GB while loading (11.0 GB anonymous = one copy of the weights, 10.6 GB,
 plus the mapped pages of the shard being read, up to 5 GB of page cache) and
@@ -37,12 +37,15 @@ from omnidesk.models.qwen2_5_omni.executor import QwenOmniExecutor, thinker_defa
 from omnidesk.models.families import verify
 from omnidesk.models.qwen2_5_omni.loading import load_stack
 from omnidesk.models.qwen2_5_omni.reply import talker_defaults
+from omnidesk.models.qwen2_5_omni.vocoder import StreamingPlan
 
 SHARD = re.compile(r"model-(\d{5})-of-(\d{5})\.safetensors")
 SIDE_FILES = {"config.json", "generation_config.json", "preprocessor_config.json", "chat_template.json",
               "tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt", "added_tokens.json",
               "special_tokens_map.json", "spk_dict.pt", "model.safetensors.index.json"}
-FIRST_CHUNK_CODES = 36  # first vocoder chunk: (48 + 24 look-ahead mel frames) / 2 frames per code
+_PLAN = StreamingPlan()
+# first vocoder chunk: (its mel frames + its DiT look-ahead) / 2 mel frames per code
+FIRST_CHUNK_CODES = (_PLAN.first_chunk_frames + _PLAN.future(0)) // 2
 # The stand-in tokenizer splits the speech system prompt into 84 tokens (the real one into ~35), and
 # bf16 prefill runs at ~1 token/s on the test machine's 2 cores: a short prompt keeps the turn cheap.
 SYSTEM_PROMPT = "You are Qwen."

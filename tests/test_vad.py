@@ -125,6 +125,31 @@ def test_cough_is_cancelled():
     assert not ep.in_utterance
 
 
+def test_barge_in_run_holds_a_short_gap():
+    # while the assistant speaks, one lost frame (double talk under the echo canceller, a gap
+    # between words) keeps the run: playback stays paused and the barge-in confirms on time
+    ep = make()
+    ep.assistant_speaking = True
+    x = signal(("s", 0.4), ("t", 0.16), ("s", 0.04), ("t", 0.16), ("s", 0.6))
+    ev = run(ep, x)
+    assert kinds(ev)[:2] == ["SpeechOnset", "SpeechStart"]
+    start = ev[1][1]
+    assert start.t == pytest.approx(0.4)
+    assert start.t_confirmed == pytest.approx(0.4 + 0.16 + 0.04 + 0.16)  # 320 ms of speech in the run
+    # the utterance holds the whole run, gap included, after its pre-roll
+    u = ep.utterance_audio()
+    np.testing.assert_array_equal(u[: int(0.56 * SR)], x[int(0.2 * SR): int(0.76 * SR)])
+    # a longer gap still cancels it (a cough, then a door)
+    ep = make()
+    ep.assistant_speaking = True
+    ev = run(ep, signal(("s", 0.4), ("t", 0.16), ("s", 0.12), ("t", 0.08), ("s", 0.6)))
+    assert kinds(ev) == ["SpeechOnset", "OnsetCancelled", "SpeechOnset", "OnsetCancelled"]
+    # with the assistant silent a run needs consecutive speech, as before
+    ep = make()
+    ev = run(ep, signal(("s", 0.4), ("t", 0.08), ("s", 0.04), ("t", 0.08), ("s", 0.6)))
+    assert kinds(ev) == ["SpeechOnset", "OnsetCancelled", "SpeechOnset", "OnsetCancelled"]
+
+
 def test_utterance_audio_has_pre_roll():
     ep = make()
     x = signal(("s", 1.0), ("t", 1.0), ("s", 0.3))

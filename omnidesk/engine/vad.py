@@ -191,6 +191,11 @@ class EndpointerConfig:
     # that a cough, an "mm-hm" or a door does not cut the reply off (playback is only paused
     # meanwhile, from the onset on).
     barge_in_start_ms: float = 300.0
+    # While the assistant speaks, non-speech frames a run may hold before it is cancelled.  One
+    # frame of the user's voice lost under the echo (double talk: the canceller suppresses it for
+    # a frame) or a gap between words otherwise resumed playback mid-interruption, and the next
+    # frame paused it again: loud stutter, and the barge-in confirmed hundreds of ms late.
+    barge_in_gap_ms: float = 80.0
     preempt_silence_ms: float = 150.0  # silence after which a reply may be generated speculatively
     endpoint_silence_ms: float = 400.0  # silence that ends the turn
     pre_roll_ms: float = 200.0  # audio kept before the first speech frame (soft onsets)
@@ -205,7 +210,8 @@ class EndpointerConfig:
     def __post_init__(self):
         if self.frame_ms <= 0:
             raise ValueError("frame_ms must be > 0")
-        for name in ("speech_start_ms", "barge_in_start_ms", "preempt_silence_ms", "endpoint_silence_ms", "pre_roll_ms"):
+        for name in ("speech_start_ms", "barge_in_start_ms", "barge_in_gap_ms", "preempt_silence_ms",
+                     "endpoint_silence_ms", "pre_roll_ms"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0")
         if self.preempt_silence_ms > self.endpoint_silence_ms:
@@ -262,7 +268,8 @@ class Endpointer:
       :attr:`assistant_speaking`) of consecutive speech
       confirms it (``SpeechStart``, back-dated to the run's first frame) and
       the utterance buffer is seeded with the pre-roll plus the run.  A silent
-      frame before that cancels the run (``OnsetCancelled``).
+      frame before that cancels the run (``OnsetCancelled``); while the
+      assistant speaks, silence longer than ``barge_in_gap_ms`` does.
     * SPEAKING: every frame is appended to the utterance.  Silence of
       ``preempt_silence_ms`` emits ``Pause``, speech after it ``Resume``,
       silence of ``endpoint_silence_ms`` (or ``max_utterance_s`` of utterance)
@@ -285,6 +292,7 @@ class Endpointer:
         self.frame_samples = max(1, round(config.frame_ms * ms))
         self._speech_start_samples = round(config.speech_start_ms * ms)
         self._barge_in_samples = round(config.barge_in_start_ms * ms)
+        self._barge_in_gap_samples = round(config.barge_in_gap_ms * ms)
         # Set by the engine while a reply plays: runs then need barge_in_start_ms to start a turn.
         self.assistant_speaking = False
         self._preempt_samples = round(config.preempt_silence_ms * ms)
@@ -296,7 +304,7 @@ class Endpointer:
         self._turn_max_samples = round(config.turn_max_wait_ms * ms)
         # A confirming run is at most speech_start + one frame long; the ring
         # must hold it plus the pre-roll before it.
-        longest_run = max(self._speech_start_samples, self._barge_in_samples)
+        longest_run = max(self._speech_start_samples, self._barge_in_samples + self._barge_in_gap_samples)
         self._ring = _PreRoll(self._pre_roll_samples + longest_run + self.frame_samples)
         self._utt = np.zeros(0, dtype=np.float32)
         self.reset()
@@ -312,7 +320,9 @@ class Endpointer:
         self._utt_len = 0
         self._pre_roll_len = 0
         self._run_start: float | None = None  # IDLE: start of the candidate speech run
-        self._run_samples = 0
+        self._run_samples = 0  # its speech samples
+        self._run_span = 0  # its samples, gaps included (barge-in runs may hold short gaps)
+        self._run_gap = 0  # non-speech samples since its last speech frame
         self.speech_start_t: float | None = None
         self._paused = False
         self._silence_samples = 0
@@ -400,22 +410,27 @@ class Endpointer:
         events: list[EndpointerEvent] = []
         if not speech:
             if self._run_start is not None:
-                events.append(OnsetCancelled(self._run_start, t))
-                self._run_start, self._run_samples = None, 0
+                self._run_gap += n
+                self._run_span += n
+                if not self.assistant_speaking or self._run_gap > self._barge_in_gap_samples:
+                    events.append(OnsetCancelled(self._run_start, t))
+                    self._run_start, self._run_samples = None, 0
             return events
         if self._run_start is None:
-            self._run_start, self._run_samples = t, 0
+            self._run_start, self._run_samples, self._run_span = t, 0, 0
             events.append(SpeechOnset(t))
         self._run_samples += n
+        self._run_span += n
+        self._run_gap = 0
         needed = self._barge_in_samples if self.assistant_speaking else self._speech_start_samples
         if self._run_samples < needed:
             return events
         # Confirmed: seed the utterance with pre-roll + the whole run (both in the ring).
-        seed = self._ring.last(self._pre_roll_samples + self._run_samples)
+        seed = self._ring.last(self._pre_roll_samples + self._run_span)
         self._utt_len = 0
         self._append(seed)
-        self._pre_roll_len = seed.size - min(self._run_samples, seed.size)
-        self._speech_samples = self._run_samples
+        self._pre_roll_len = seed.size - min(self._run_span, seed.size)
+        self._speech_samples = self._run_span
         self.speech_start_t = self._run_start
         self._last_speech_end = t_end
         self.state = SPEAKING

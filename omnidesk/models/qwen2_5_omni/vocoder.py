@@ -6,9 +6,10 @@ BigVGAN turns mel frames into samples (bigvgan.py).
 Streaming (:class:`VocoderStream`) follows the published recipe for this
 model: the DiT makes mel in chunks of ``chunk_frames`` (72), each computed
 on a window that adds ``past_frames`` (48) of look-back and
-``future_frames`` (24) of look-ahead; the first chunk may be smaller
-(``first_chunk_frames``) to cut time to first audio.  All sizes are multiples
-of the DiT block (24 frames) so every window starts on a block boundary.
+``future_frames`` (24) of look-ahead; the first chunks are smaller and the
+first one is made with a coarser flow, to cut time to first audio (see
+:class:`StreamingPlan`).  All sizes are multiples of the DiT block (24
+frames) so every window starts on a block boundary.
 
 What is exact and what is not:
 
@@ -43,25 +44,62 @@ _BLOCK_SEED_STRIDE = 1_000_003
 @dataclass(frozen=True)
 class StreamingPlan:
     """Chunking in mel frames (100/s).  DiT: the published recipe (chunk 72, past 48,
-    future 24) with a first chunk of 48 so audio starts after 36 codes (0.72 s of
-    speech) yet the second chunk is due only 0.72 s of speech later - a talker
-    running above 2.5x real time never lets playback run dry."""
+    future 24) in steady state, after a first chunk made for an early start:
+
+    * the first chunk (48 frames) has no DiT look-ahead and is integrated with
+      ``first_flow_steps`` ODE points: it needs 24 codes, not 36, and a third of the flow's
+      velocity evaluations, so on the CPU demo the first audio comes ~150 ms after the
+      talker starts instead of ~240-280 ms;
+    * then ``ramp_frames`` chunks (48), then ``chunk_frames`` (72).  Each is due only once
+      the audio before it is playing.  Smaller first chunks were tried: a 24-frame one comes
+      at ~100-115 ms but the next chunk's DiT window costs as much as a whole chunk, so on
+      this CPU playback ran dry unless it waited until ~180-390 ms (tests/test_vocoder.py,
+      bench/live_latency.py).
+
+    What this costs: the first 360 ms of audio (the first chunk minus BigVGAN's look-ahead)
+    come from a coarser ODE grid and see no DiT look-ahead; everything after it is made as
+    with the published recipe (tests/test_vocoder.py measures both).  Set
+    ``first_chunk_frames=48, first_future_frames=None, first_flow_steps=None, ramp_frames=()``
+    for the previous plan (first audio after 36 codes, every chunk from the full flow)."""
 
     chunk_frames: int = 72
     past_frames: int = 48
     future_frames: int = 24
     first_chunk_frames: int = 48
     vocoder_lookahead_frames: int = 12
+    first_future_frames: int | None = 0  # the first chunk's DiT look-ahead (None: future_frames)
+    first_flow_steps: int | None = 4  # the first chunk's ODE time points (None: the vocoder's, 10)
+    ramp_frames: tuple[int, ...] = (48,)  # chunks between the first and the steady chunk_frames
+
+    def chunk_size(self, index: int) -> int:
+        """Mel frames of chunk ``index`` (0 = the first)."""
+        if index == 0:
+            return self.first_chunk_frames
+        if index <= len(self.ramp_frames):
+            return self.ramp_frames[index - 1]
+        return self.chunk_frames
+
+    def future(self, index: int) -> int:
+        if index == 0 and self.first_future_frames is not None:
+            return self.first_future_frames
+        return self.future_frames
 
     def check(self, block: int) -> None:
         if not 0 <= self.vocoder_lookahead_frames <= self.first_chunk_frames:
             raise ValueError(f"StreamingPlan.vocoder_lookahead_frames={self.vocoder_lookahead_frames} must be in "
                              f"[0, first_chunk_frames]")
-        for name in ("chunk_frames", "past_frames", "future_frames", "first_chunk_frames"):
-            value = getattr(self, name)
-            if value < 0 or value % block or (value == 0 and name in ("chunk_frames", "first_chunk_frames")):
+        sizes = [("chunk_frames", self.chunk_frames), ("past_frames", self.past_frames),
+                 ("future_frames", self.future_frames), ("first_chunk_frames", self.first_chunk_frames)]
+        sizes += [(f"ramp_frames[{i}]", v) for i, v in enumerate(self.ramp_frames)]
+        if self.first_future_frames is not None:
+            sizes.append(("first_future_frames", self.first_future_frames))
+        for name, value in sizes:
+            positive = name in ("chunk_frames", "first_chunk_frames") or name.startswith("ramp")
+            if value < 0 or value % block or (value == 0 and positive):
                 raise ValueError(f"StreamingPlan.{name}={value} must be a positive multiple of the DiT block "
                                  f"({block} mel frames)")
+        if self.first_flow_steps is not None and self.first_flow_steps < 2:
+            raise ValueError(f"StreamingPlan.first_flow_steps={self.first_flow_steps} must be >= 2")
 
 
 @dataclass(frozen=True)
@@ -119,9 +157,10 @@ class Token2Wav(nn.Module):
         noise = torch.cat(parts)[start - first:end - first]
         return noise.to(self.dit.proj_out.weight.device)
 
-    def mel(self, codes: torch.Tensor, voice: VoiceCondition, noise: torch.Tensor) -> torch.Tensor:
+    def mel(self, codes: torch.Tensor, voice: VoiceCondition, noise: torch.Tensor,
+            num_steps: int | None = None) -> torch.Tensor:
         """codes [n] -> mel [mel_dim, n * repeats] with the given initial state."""
-        return self.dit.sample(codes, voice.cond, None, noise, num_steps=self.num_steps,
+        return self.dit.sample(codes, voice.cond, None, noise, num_steps=num_steps or self.num_steps,
                                guidance_scale=self.guidance_scale, sway_coefficient=self.sway_coefficient,
                                speaker_feats=voice.features)
 
@@ -157,6 +196,7 @@ class VocoderStream:
 
     def reset(self) -> None:
         self.codes: list[int] = []
+        self.chunks_made = 0  # DiT chunks so far (the plan's ramp counts them)
         self.mel_done = 0  # mel frames made by the DiT so far
         self.audio_done = 0  # mel frames whose samples were emitted
         self._mel = torch.zeros(self.t2w.dit.cfg.mel_dim, 0, device=self.t2w.dit.proj_out.weight.device)
@@ -168,8 +208,7 @@ class VocoderStream:
         return self.audio_done * self.t2w.hop_length
 
     def _next_chunk_end(self) -> int:
-        size = self.plan.first_chunk_frames if self.mel_done == 0 else self.plan.chunk_frames
-        return self.mel_done + size
+        return self.mel_done + self.plan.chunk_size(self.chunks_made)
 
     def _make_mel(self, end: int, window_end: int) -> None:
         """DiT on [mel_done - past, window_end), keeping frames [mel_done, end)."""
@@ -178,9 +217,11 @@ class VocoderStream:
         codes = torch.tensor(self.codes[start // r:(window_end + r - 1) // r], dtype=torch.long,
                              device=self._mel.device)
         window_end = codes.numel() * r + start
-        mel = self.t2w.mel(codes, self.voice, self.t2w.noise(self.seed, start, window_end))
+        steps = self.plan.first_flow_steps if self.chunks_made == 0 else None
+        mel = self.t2w.mel(codes, self.voice, self.t2w.noise(self.seed, start, window_end), num_steps=steps)
         self._mel = torch.cat([self._mel, mel[:, self.mel_done - start:end - start]], dim=1)
         self.mel_done = end
+        self.chunks_made += 1
 
     def _emit_audio(self, until: int, at_end: bool) -> torch.Tensor | None:
         """Samples for mel frames [audio_done, until): full left context, ``right_ctx`` frames on the right."""
@@ -214,9 +255,10 @@ class VocoderStream:
         chunks = []
         while True:
             end = self._next_chunk_end()
-            if available < end + self.plan.future_frames:
+            future = self.plan.future(self.chunks_made)
+            if available < end + future:
                 break
-            self._make_mel(end, end + self.plan.future_frames)
+            self._make_mel(end, end + future)
             out = self._emit_audio(self.mel_done - self.right_ctx, at_end=False)
             if out is not None:
                 chunks.append(out)
@@ -229,7 +271,7 @@ class VocoderStream:
         total = len(self.codes) * self.t2w.repeats
         while self.mel_done < total:
             end = min(self._next_chunk_end(), total)
-            self._make_mel(end, min(end + self.plan.future_frames, total))
+            self._make_mel(end, min(end + self.plan.future(self.chunks_made), total))
         out = self._emit_audio(self.mel_done, at_end=True)
         if out is not None:
             chunks.append(out)
