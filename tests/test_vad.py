@@ -109,8 +109,10 @@ def test_long_gap_endpoints_with_backdated_speech_end():
     ev = run(ep, x)
     assert kinds(ev) == ["SpeechOnset", "SpeechStart", "Pause", "Endpoint"]
     end = ev[3][1]
-    assert abs(end.t_speech_end - true_end) <= DT
-    assert end.t_endpoint == pytest.approx(end.t_speech_end + 0.4)
+    # the speech end is found in the audio, to the 10 ms block (not the frame the detector saw)
+    assert true_end <= end.t_speech_end <= true_end + 0.01
+    # the endpoint counts its 400 ms from the detector's last speech frame
+    assert end.t_endpoint == pytest.approx(1.44 + 0.4)
     assert end.t_endpoint - true_end <= 0.4 + DT
     # After the endpoint, nothing happens until reset(); the second burst is not seen.
     assert ep.push(tone(DT), 10.0) == []
@@ -319,3 +321,32 @@ def test_turn_thresholds_are_checked():
         EndpointerConfig(turn_complete=0.2, turn_incomplete=0.5)
     with pytest.raises(ValueError, match="turn_max_wait_ms"):
         EndpointerConfig(turn_max_wait_ms=300)
+
+
+def test_speech_end_is_where_the_voice_stopped_not_where_the_detector_let_go():
+    """A detector that holds "speech" for 120 ms after the voice (as WebRTC VAD's hangover does):
+    the turn's speech end is the voice's, the speculative pause counts from there, the endpoint
+    from the detector's last speech frame; the search off gives the detector's frame end."""
+
+    class Holding:  # energy detector + 3 frames of hangover
+        def __init__(self):
+            self.inner, self.hold = EnergyVAD(), 0
+
+        def is_speech(self, x):
+            if self.inner.is_speech(x):
+                self.hold = 3
+                return True
+            self.hold -= 1
+            return self.hold >= 0
+
+    voice_end = 0.4 + 1.0
+    x = signal(("s", 0.4), ("t", 1.0), ("s", 1.0))
+    ev = run(Endpointer(Holding(), EndpointerConfig(), SR), x)
+    assert kinds(ev) == ["SpeechOnset", "SpeechStart", "Pause", "Endpoint"]
+    (_, pause), (_, end) = ev[2], ev[3]
+    assert end.t_speech_end == pytest.approx(voice_end)
+    assert ev[2][0] == round((voice_end + 0.16) / DT) - 1  # 150 ms after the voice (4 frames)
+    assert end.t_endpoint == pytest.approx(voice_end + 0.12 + 0.4)
+    ev = run(Endpointer(Holding(), EndpointerConfig(speech_end_search_ms=0), SR), x)
+    assert ev[3][1].t_speech_end == pytest.approx(voice_end + 0.12)
+    assert ev[2][0] == round((voice_end + 0.12 + 0.16) / DT) - 1

@@ -77,6 +77,9 @@ def _import_rtc():
     return rtc
 
 
+_PROCESSING_DELAY: dict[tuple[int, bool, bool], float] = {}  # see EchoCanceller.processing_delay_s
+
+
 class EchoCanceller:
     """Removes the speaker's echo (and steady noise) from microphone frames.
 
@@ -172,6 +175,27 @@ class EchoCanceller:
                 self.process(np.zeros(n, np.float32), (rng.standard_normal(n) * 0.1).astype(np.float32))
         finally:
             self.bypass = bypass
+
+    def processing_delay_s(self) -> float:
+        """How much later a sound leaves :meth:`process` than it went in (its filter banks: 8 ms with
+        echo cancellation, 14 ms with noise suppression too, at 16 kHz; 0 when bypassed).  Measured
+        once per setting on a spare APM: white noise in, the output's lag at its cross-correlation
+        peak."""
+        if self.bypass:
+            return 0.0
+        key = (self.sample_rate, self.echo_cancellation, self.noise_suppression)
+        if key not in _PROCESSING_DELAY:
+            probe = EchoCanceller(self.sample_rate, echo_cancellation=self.echo_cancellation,
+                                  noise_suppression=self.noise_suppression, warm_up_s=0.0)
+            n, rate = 4 * self.chunk, self.sample_rate
+            x = (np.random.default_rng(1).standard_normal(rate) * 0.1).astype(np.float32)
+            y = np.concatenate([probe.process(x[i:i + n], np.zeros(n, np.float32))
+                                for i in range(0, x.size - n + 1, n)])
+            a = x[rate // 2: rate // 2 + rate // 4]  # past the start, where the noise model settles
+            lags = np.arange(rate // 20)  # up to 50 ms
+            corr = [float(np.dot(a, y[rate // 2 + k: rate // 2 + k + a.size])) for k in lags]
+            _PROCESSING_DELAY[key] = int(lags[int(np.argmax(corr))]) / rate
+        return _PROCESSING_DELAY[key]
 
     def process(self, mic: np.ndarray, reference: np.ndarray) -> np.ndarray:
         mic = np.asarray(mic, dtype=np.float32).reshape(-1)

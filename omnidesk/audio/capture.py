@@ -27,6 +27,10 @@ from typing import Callable
 import numpy as np
 
 FRAME_MS = 40
+# A device time that differs this much from the samples counted since (a dropped block, a reopened
+# stream, or the sound card's clock drifting from the system's) moves the frames' stamps to it.
+# Larger than the ADC times' jitter (a few ms on ALSA), smaller than half a frame.
+RESYNC_S = 0.015
 
 
 class _Resampler:
@@ -52,9 +56,12 @@ class CapturePath:
     ``canceller_rate`` (it returns the microphone untouched while bypassed)."""
 
     def __init__(self, device_rate: int, rate: int, canceller_rate: int,
-                 cancel: Callable[[np.ndarray, np.ndarray], np.ndarray]):
+                 cancel: Callable[[np.ndarray, np.ndarray], np.ndarray], canceller_delay_s: float = 0.0):
         self.device_rate, self.rate, self.canceller_rate = device_rate, rate, canceller_rate
         self.cancel = cancel
+        # how late the canceller's output is against its input (EchoCanceller.processing_delay_s):
+        # the frames' stamps say when the user spoke, not when the canceller let it out
+        self.canceller_delay_s = canceller_delay_s
         # bypassed, the canceller's way would resample twice: go straight from the device then
         self.direct_when_bypassed = device_rate != canceller_rate and canceller_rate != rate
         self._mic_in = _Resampler(device_rate, canceller_rate)
@@ -71,6 +78,13 @@ class CapturePath:
         for rs in (self._mic_in, self._ref_in, self._out, self._direct):
             rs.clear()
         self._mic = self._ref = self._ready = np.zeros(0, np.float32)
+        # Time stamps: the resamplers and the canceller keep samples in place (soxr's streams are
+        # delay-compensated), so output sample k since the clear was heard at t0 + k / rate.
+        self._t0: float | None = None  # session time of the first device sample since the clear
+        self._in_n = 0  # device samples pushed since the clear
+        self._out_n = 0  # frame samples handed out since the clear
+        if not hasattr(self, "_t_end"):
+            self._t_end = 0.0  # end of the last frame handed out, before the canceller's shift (never goes back)
 
     def describe(self, bypassed: bool) -> str:
         """The rates along the path, e.g. "device 48000 Hz -> echo canceller 48000 Hz -> model 24000 Hz"."""
@@ -83,6 +97,31 @@ class CapturePath:
 
     def push(self, mic: np.ndarray, reference: np.ndarray, bypassed: bool) -> list[np.ndarray]:
         """What was captured since the last call -> the whole 40 ms frames now ready, at ``rate``."""
+        return [frame for _, frame in self.timed(mic, reference, bypassed)]
+
+    def timed(self, mic: np.ndarray, reference: np.ndarray, bypassed: bool,
+              t: float | None = None) -> list[tuple[float, np.ndarray]]:
+        """:meth:`push` with time stamps: ``t`` is the session time at which ``mic[0]`` was captured
+        (its ADC time); each frame comes with the time of its first sample.  Without ``t`` the
+        stamps count samples on from the last known time."""
+        frames = self._frames(mic, reference, bypassed)
+        if self._t0 is None:
+            self._t0 = self._t_end if t is None else t
+        elif t is not None:
+            slip = t - (self._t0 + self._in_n / self.device_rate)
+            if abs(slip) > RESYNC_S:
+                self._t0 += slip
+        self._in_n += mic.size
+        shift = 0.0 if bypassed else self.canceller_delay_s
+        out = []
+        for frame in frames:
+            start = max(self._t0 + self._out_n / self.rate, self._t_end)
+            self._out_n += frame.size
+            self._t_end = start + frame.size / self.rate
+            out.append((start - shift, frame))
+        return out
+
+    def _frames(self, mic: np.ndarray, reference: np.ndarray, bypassed: bool) -> list[np.ndarray]:
         direct = bypassed and self.direct_when_bypassed
         if direct != self._direct_now:  # headphones switched: the other way starts from scratch
             self.clear()

@@ -177,7 +177,11 @@ class DeviceSpeaker:
         self._slots = 0  # blocks recorded so far
         self._generation = 0  # bumped by start_reply so old blocks are not read as this reply's
         self._first_play_time: float | None = None  # session time the reply's first sample reached the DAC
-        self.clock = None  # () -> stream time now; set by DuplexAudio (None: no latency info)
+        self.clock = None  # () -> stream time now; set by AudioIO (None: no latency info)
+        # Stream time of session time 0 (the ADC time of the session's first captured sample, set
+        # by the session): DAC times minus this are session times, on the clock the microphone's
+        # frames are stamped with, so playback_start - user_speech_end is what the user hears.
+        self.origin: float | None = None
         self.timing_known = False  # the host API reports DAC times
 
     # ------------------------------------------------------------ engine side (loop thread)
@@ -302,7 +306,7 @@ class DeviceSpeaker:
 
     # ------------------------------------------------------------ callback side
 
-    def _render(self, out: np.ndarray, dac_time: float, session_t: float) -> bool:
+    def _render(self, out: np.ndarray, dac_time: float) -> bool:
         """Fill ``out`` (device block) from the buffer; False if the lock stayed busy (out = silence)."""
         if not self._lock.acquire(timeout=LOCK_WAIT_S):
             out[:] = 0.0
@@ -317,9 +321,9 @@ class DeviceSpeaker:
             self._played[i] = inner.playhead - before
             self._gen[i] = self._generation
             self._slots += 1
-            if first_before is None and inner.reply_first_sample is not None:
-                # on the session clock (captured samples), where the block reaches the DAC
-                self._first_play_time = session_t + (inner.reply_first_sample - clock_before) / self.device_rate
+            if first_before is None and inner.reply_first_sample is not None and self.origin is not None:
+                # on the session clock: where the reply's first sample reaches the DAC
+                self._first_play_time = dac_time - self.origin + (inner.reply_first_sample - clock_before) / self.device_rate
         finally:
             self._lock.release()
         return True
@@ -375,8 +379,11 @@ class AudioIO:
         self.lock_misses = 0
         self.callbacks = 0  # input callbacks
         self.out_callbacks = 0
-        self._adc = 0.0  # ADC time of the latest input block and its first sample's index:
-        self._adc_index = 0  # maps stream time to the session clock (captured samples)
+        # Per input block (ring, written by the input callback): its first sample's capture index
+        # and ADC time (stream time), so that the session stamps frames with when they were heard.
+        self._blk_index = np.full(_TIMING_SLOTS, -1, dtype=np.int64)
+        self._blk_adc = np.zeros(_TIMING_SLOTS)
+        self._out_latency = 0.0  # the output stream's latency: DAC time where the host API gives none
         self.error: str | None = None  # set when a stream stopped on its own
         self._in = self._out = None
         self._closing = False
@@ -403,6 +410,7 @@ class AudioIO:
                                         callback=self._output_callback, finished_callback=self._finished)
             out = self._out
             self.speaker.clock = lambda: out.time
+            self._out_latency = float(out.latency)
             self._out.start()
             self._in.start()
             global _open_streams
@@ -422,6 +430,7 @@ class AudioIO:
         self.error = None
         self._written = self._read = 0
         self.callbacks = self.out_callbacks = 0
+        self._blk_index[:] = -1
         self.open()
 
     def close(self) -> None:
@@ -460,16 +469,27 @@ class AudioIO:
 
     # ------------------------------------------------------------ data
 
-    def read(self) -> tuple[np.ndarray, np.ndarray]:
-        """(mic, reference) captured since the last call, at the device rate."""
+    def read(self) -> tuple[np.ndarray, np.ndarray, float | None]:
+        """(mic, reference, ADC time of mic[0]) captured since the last call, at the device rate;
+        the time is on the stream clock (None when nothing came or its block is no longer known)."""
         w = self._written
         r = self._read
         if w - r <= 0:
-            return np.zeros(0, np.float32), np.zeros(0, np.float32)
+            return np.zeros(0, np.float32), np.zeros(0, np.float32), None
         idx = np.arange(r, w) % self._ring_size
         mic, ref = self._mic_ring[idx], self._ref_ring[idx]
         self._read = w
-        return mic, ref
+        return mic, ref, self._adc_time(r)
+
+    def _adc_time(self, index: int) -> float | None:
+        """ADC time of capture sample ``index``, from the block that holds it."""
+        n = min(self.callbacks, _TIMING_SLOTS)
+        for k in range(1, n + 1):  # newest first
+            i = (self.callbacks - k) % _TIMING_SLOTS
+            first = int(self._blk_index[i])
+            if 0 <= first <= index:
+                return float(self._blk_adc[i]) + (index - first) / self.rate
+        return None
 
     # The two callbacks run on PortAudio's threads: copies and counters only.
 
@@ -480,10 +500,8 @@ class AudioIO:
         if self.out_callbacks == 1:
             self.speaker.timing_known = time.outputBufferDacTime > 0
         out = self._out_block if frames == self.block else np.zeros(frames, np.float32)
-        # session time of this block's DAC time, through the input side's latest ADC time
-        dac = time.outputBufferDacTime
-        session_t = self._adc_index / self.rate + (dac - self._adc) if self.callbacks else 0.0
-        if not self.speaker._render(out, dac, session_t):
+        dac = time.outputBufferDacTime or time.currentTime + self._out_latency
+        if not self.speaker._render(out, dac):
             self.lock_misses += 1
         outdata[:] = out[:, None]
         size = self._played_ring.size
@@ -497,12 +515,15 @@ class AudioIO:
         if status and status.input_overflow:
             self.input_overflows += 1
         w = self._written
-        self._adc = time.inputBufferAdcTime or time.currentTime
-        self._adc_index = w
-        self.callbacks += 1
         if w + frames - self._read > self._ring_size:
             self.capture_overflows += 1
+            self._blk_index[self.callbacks % _TIMING_SLOTS] = -1  # dropped: no samples of its own
+            self.callbacks += 1
             return
+        slot = self.callbacks % _TIMING_SLOTS
+        self._blk_index[slot] = w
+        self._blk_adc[slot] = time.inputBufferAdcTime or time.currentTime - frames / self.rate
+        self.callbacks += 1
         pos = w % self._ring_size
         first = min(frames, self._ring_size - pos)
         self._mic_ring[pos:pos + first] = indata[:first, 0]

@@ -171,7 +171,8 @@ class LiveSession:
                 raise
             self.aec = None  # headphones need no cancellation: run without the library
             cancel_rate = rate_in
-        self.capture = CapturePath(audio.rate, rate_in, cancel_rate, self._cancel)
+        self.capture = CapturePath(audio.rate, rate_in, cancel_rate, self._cancel,
+                                   canceller_delay_s=self._canceller_delay())
         audio.open()
         self.audio = audio
         # the echo of a reply's last words arrives through both device buffers
@@ -329,9 +330,13 @@ class LiveSession:
                           talk_pressed=self._talk_pressed)
 
     async def _drive(self) -> None:
-        audio, engine, rate_in, capture = self.audio, self.engine, session_rate(self.ex), self.capture
+        audio, engine, capture = self.audio, self.engine, self.capture
         capture.clear()
-        samples = 0  # samples handed to the engine (at the model's rate): the session clock
+        # The session clock: stream time minus the ADC time of the first captured sample.  Frames
+        # are stamped with when their samples reached the microphone's ADC and the reply's start
+        # with when it reached the DAC (DeviceSpeaker.origin), both from PortAudio, so the turn's
+        # voice-to-voice includes the device buffers the user hears through.
+        origin = None
         self._level = -120.0
         last_callbacks, stalled_since = -1, None
         reopens = 0
@@ -362,13 +367,19 @@ class LiveSession:
                     await engine.interrupt(onset=engine.now, confirmed=engine.now)
                     self.on_update("error", audio.error + "; check the device and press Retry")
                     return
-                mic, ref = audio.read()
+                mic, ref, t_adc = audio.read()
                 if mic.size == 0:
                     continue
-                for frame in capture.push(mic, ref, bypassed=self.aec is None or self.aec.bypass):
+                if origin is None and t_adc is not None:
+                    origin = audio.speaker.origin = t_adc
+                    self.timeline.extra["clock"] = {
+                        "session_origin_stream_time": t_adc,
+                        "stream_clock": "PortAudio stream time: session time = stream time - origin; "
+                                        "frames stamped with their ADC time, playback with its DAC time"}
+                t = None if t_adc is None or origin is None else t_adc - origin
+                for t_frame, frame in capture.timed(mic, ref, self.aec is None or self.aec.bypass, t):
                     frame = self._prepare(frame)
-                    await engine.on_frame(frame, samples / rate_in)
-                    samples += frame.size
+                    await engine.on_frame(frame, t_frame)
                     self.frames += 1
                     self.on_update("status", self._status())
         except Exception as e:  # noqa: BLE001 - shown to the user; the session stops cleanly
@@ -383,6 +394,15 @@ class LiveSession:
         if self._echo_in <= 0 or self._echo_out <= 0:
             return None
         return 10.0 * math.log10(self._echo_in / self._echo_out)
+
+    def _canceller_delay(self) -> float:
+        if self.aec is None:
+            return 0.0
+        bypass, self.aec.bypass = self.aec.bypass, False
+        try:
+            return self.aec.processing_delay_s()
+        finally:
+            self.aec.bypass = bypass
 
     def _cancel(self, frame: np.ndarray, reference: np.ndarray) -> np.ndarray:
         """The echo canceller on one 40 ms frame at its rate (CapturePath calls it)."""

@@ -196,8 +196,21 @@ class EndpointerConfig:
     # a frame) or a gap between words otherwise resumed playback mid-interruption, and the next
     # frame paused it again: loud stutter, and the barge-in confirmed hundreds of ms late.
     barge_in_gap_ms: float = 80.0
+    # Speech detectors hold "speech" on for a while after the voice stops (WebRTC VAD's hangover,
+    # and a 40 ms frame counts as speech if either half is): on the recorded human turns the last
+    # speech frame ended up to 150 ms after the labelled end (median 85 ms), live behind the echo
+    # canceller ~160 ms.  So when a pause starts the speech end is looked for again in the audio,
+    # back to this far before the detector's: the end of the last 10 ms block still within
+    # ``speech_end_drop_db`` of the utterance's speech level (and 6 dB over its background).  That
+    # is the turn's user_speech_end (where voice-to-voice starts: the user stopped then), and the
+    # speculative reply's pause (preempt_silence_ms) counts from it.  The endpoint and the
+    # end-of-turn judge's pauses still count from the detector's last speech frame: counted from
+    # the voice's end, 400 ms cut into 9 of the 30 human turns mid-sentence instead of 4.
+    # 0 turns the search off (the detector's frame end, as before).
+    speech_end_search_ms: float = 240.0
+    speech_end_drop_db: float = 30.0
     preempt_silence_ms: float = 150.0  # silence after which a reply may be generated speculatively
-    endpoint_silence_ms: float = 400.0  # silence that ends the turn
+    endpoint_silence_ms: float = 400.0  # silence that ends the turn (after the detector's last speech frame)
     pre_roll_ms: float = 200.0  # audio kept before the first speech frame (soft onsets)
     max_utterance_s: float = 30.0  # speech start to forced endpoint
     # with an end-of-turn judge (see the module docstring)
@@ -211,7 +224,7 @@ class EndpointerConfig:
         if self.frame_ms <= 0:
             raise ValueError("frame_ms must be > 0")
         for name in ("speech_start_ms", "barge_in_start_ms", "barge_in_gap_ms", "preempt_silence_ms",
-                     "endpoint_silence_ms", "pre_roll_ms"):
+                     "endpoint_silence_ms", "pre_roll_ms", "speech_end_search_ms", "speech_end_drop_db"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0")
         if self.preempt_silence_ms > self.endpoint_silence_ms:
@@ -325,7 +338,8 @@ class Endpointer:
         self._run_gap = 0  # non-speech samples since its last speech frame
         self.speech_start_t: float | None = None
         self._paused = False
-        self._silence_samples = 0
+        self._silence_samples = 0  # since the detector's last speech frame
+        self._voice_gap = 0  # samples between the voice's end and that frame's end (this pause)
         self._speech_samples = 0  # utterance samples after the pre-roll (for max_utterance)
         self._last_speech_end: float | None = None
         self._forget_verdict()
@@ -346,7 +360,8 @@ class Endpointer:
         """Utterance samples the turn will certainly hold: all but the trailing silence beyond
         ``preempt_silence_ms`` (kept only if speech resumes).  Feeding the model exactly these
         makes a reply independent of whether it was started preemptively or at the endpoint."""
-        trailing = max(0, self._silence_samples - self._preempt_samples) if self.state != IDLE else 0
+        quiet = self._silence_samples + self._voice_gap
+        trailing = max(0, quiet - self._preempt_samples) if self.state != IDLE else 0
         return max(0, self._utt_len - trailing)
 
     @property
@@ -448,11 +463,14 @@ class Endpointer:
                 self._paused = False
             if self._silence_samples:
                 self._forget_verdict()
-            self._silence_samples = 0
+            self._silence_samples = self._voice_gap = 0
             self._last_speech_end = t_end
         else:
+            if self._silence_samples == 0:  # the pause starts: where did the voice really stop?
+                self._voice_gap = self._voice_stopped_before(x.size)
+                self._last_speech_end -= self._voice_gap / self.sample_rate
             self._silence_samples += x.size
-            if not self._paused and self._silence_samples >= self._preempt_samples:
+            if not self._paused and self._silence_samples + self._voice_gap >= self._preempt_samples:
                 self._paused = True
                 events.append(Pause(self._last_speech_end))
             if self.judge is not None and self._judge_pause(events, t_end):
@@ -465,6 +483,24 @@ class Endpointer:
                 self.state = ENDED
                 return events
         return self._check_max(events, t_end)
+
+    def _voice_stopped_before(self, appended: int) -> int:
+        """Samples between the end of the voice and the end of the last speech frame (see
+        ``EndpointerConfig.speech_end_search_ms``): 0 when the voice lasts to the frame's end."""
+        search = round(self.config.speech_end_search_ms * self.sample_rate / 1000.0)
+        block = max(1, self.sample_rate // 100)  # 10 ms
+        end = self._utt_len - appended  # the last speech frame's end (the current frame is appended)
+        if search < block or end < 4 * block:
+            return 0
+        power = np.square(self._utt[end % block:end].reshape(-1, block)).mean(axis=1)
+        level = 10.0 * np.log10(power + 1e-12)
+        speech = np.percentile(level, 90)  # the utterance's speech level (its louder blocks)
+        background = np.percentile(level, 10)  # between words and in the pre-roll
+        threshold = max(speech - self.config.speech_end_drop_db, background + 6.0)
+        tail = level[-(search // block):]
+        loud = np.flatnonzero(tail >= threshold)
+        last = int(loud[-1]) + 1 if loud.size else 0
+        return (tail.size - last) * block
 
     def _judge_pause(self, events: list[EndpointerEvent], t_end: float) -> bool:
         """Score the pause when due and apply a verdict that is ready; True: the turn is complete."""

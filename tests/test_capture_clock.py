@@ -1,0 +1,104 @@
+"""The live session's clock: frames stamped with when the microphone heard them (PortAudio's ADC
+times, less the echo canceller's lag), so that a turn's voice-to-voice is what the user hears.
+
+Offline: :class:`~omnidesk.audio.capture.CapturePath` on known device times, :class:`AudioIO`'s
+input callback on made-up PortAudio time infos, the canceller's lag against a cross-correlation
+of its input and output.  The same on real (virtual) devices, against recordings:
+tests/test_live.py::test_question_gets_reply_after_it_ends; on human speech: bench/live_latency.py.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from omnidesk.audio.capture import RESYNC_S, CapturePath
+
+
+def stamps(path: CapturePath, blocks: list[tuple[float | None, int]], bypassed: bool = False) -> list[float]:
+    """Push device blocks of (ADC time or None, samples); the stamps of the frames that came out."""
+    out = []
+    for t, n in blocks:
+        out += [s for s, _ in path.timed(np.zeros(n, np.float32), np.zeros(n, np.float32), bypassed, t)]
+    return out
+
+
+def test_frames_carry_the_device_time_of_their_first_sample():
+    # 44.1 kHz device -> 16 kHz model, 20 ms blocks starting at session time 0.5
+    path = CapturePath(44100, 16000, 16000, lambda mic, ref: mic)
+    blocks = [(0.5 + 0.02 * i, 882) for i in range(50)]
+    got = stamps(path, blocks)
+    assert len(got) == 24  # 1 s minus what the resampler still holds
+    np.testing.assert_allclose(got, 0.5 + 0.04 * np.arange(len(got)), atol=1e-9)
+    # without times the stamps go on counting samples from the last known one
+    more = stamps(path, [(None, 882)] * 10)
+    np.testing.assert_allclose(more, got[-1] + 0.04 * np.arange(1, len(more) + 1), atol=1e-9)
+
+
+def test_a_dropped_block_or_a_drifting_card_moves_the_stamps_to_the_device_time():
+    path = CapturePath(16000, 16000, 16000, lambda mic, ref: mic)
+    # 10 blocks, then 100 ms of capture lost (the engine stalled: the ring overflowed)
+    got = stamps(path, [(0.02 * i, 320) for i in range(10)] + [(0.3 + 0.02 * i, 320) for i in range(10)])
+    np.testing.assert_allclose(got[:5], 0.04 * np.arange(5), atol=1e-9)
+    np.testing.assert_allclose(got[5:], 0.3 + 0.04 * np.arange(5), atol=1e-9)
+    # a card whose clock runs 0.1% fast against the stream clock: stamps follow within RESYNC_S
+    path = CapturePath(16000, 16000, 16000, lambda mic, ref: mic)
+    got = stamps(path, [(0.02 * i * 1.001, 320) for i in range(3000)])
+    truth = 0.04 * np.arange(len(got)) * 1.001
+    assert np.max(np.abs(np.array(got) - truth)) <= RESYNC_S + 1e-9
+    assert all(b >= a for a, b in zip(got, got[1:]))  # never back in time
+
+
+def test_the_cancellers_lag_is_taken_off_the_stamps_while_it_runs():
+    path = CapturePath(16000, 16000, 16000, lambda mic, ref: mic, canceller_delay_s=0.014)
+    got = stamps(path, [(1.0 + 0.02 * i, 320) for i in range(4)])
+    np.testing.assert_allclose(got, [1.0 - 0.014, 1.04 - 0.014], atol=1e-9)
+    # headphones (the canceller bypassed): no lag to take off
+    path = CapturePath(16000, 16000, 16000, lambda mic, ref: mic, canceller_delay_s=0.014)
+    np.testing.assert_allclose(stamps(path, [(1.0 + 0.02 * i, 320) for i in range(4)], bypassed=True),
+                               [1.0, 1.04], atol=1e-9)
+
+
+def test_audio_io_reads_carry_the_adc_time_of_their_first_sample():
+    from omnidesk.audio.device import AudioIO
+
+    io = AudioIO.__new__(AudioIO)  # its callbacks and ring only: no PortAudio stream
+    io.rate, io.block = 16000, 320
+    io._ring_size = 16000
+    io._mic_ring = np.zeros(io._ring_size, np.float32)
+    io._ref_ring = np.zeros(io._ring_size, np.float32)
+    io._played_ring = np.zeros(8000, np.float32)
+    io._played = 0
+    io._written = io._read = 0
+    io.callbacks = io.capture_overflows = io.input_overflows = 0
+    io._blk_index = np.full(256, -1, dtype=np.int64)
+    io._blk_adc = np.zeros(256)
+    block = np.zeros((320, 1), np.float32)
+    for i in range(5):
+        io._input_callback(block, 320, SimpleNamespace(inputBufferAdcTime=100.0 + 0.02 * i, currentTime=0.0), None)
+    mic, ref, t = io.read()
+    assert mic.size == 1600 and t == pytest.approx(100.0)
+    io._input_callback(block, 320, SimpleNamespace(inputBufferAdcTime=100.1, currentTime=0.0), None)
+    assert io.read()[2] == pytest.approx(100.1)
+    assert io.read()[2] is None  # nothing new
+    # a host API without ADC times: the time the block arrived, less its length
+    io._input_callback(block, 320, SimpleNamespace(inputBufferAdcTime=0.0, currentTime=100.14), None)
+    assert io.read()[2] == pytest.approx(100.12)
+
+
+def test_the_cancellers_lag_is_measured():
+    pytest.importorskip("livekit.rtc")
+    from omnidesk.audio.aec import EchoCanceller
+
+    for ns in (False, True):
+        aec = EchoCanceller(16000, noise_suppression=ns, warm_up_s=0.0)
+        lag = aec.processing_delay_s()
+        # a click through it comes out that much later
+        x = np.zeros(16000, np.float32)
+        x[8000] = 0.5
+        y = np.concatenate([aec.process(x[i:i + 640], np.zeros(640, np.float32)) for i in range(0, 16000, 640)])
+        assert abs(int(np.argmax(np.abs(y[7000:]))) + 7000 - 8000 - lag * 16000) <= 16  # within 1 ms
+        aec.bypass = True
+        assert aec.processing_delay_s() == 0.0
