@@ -41,18 +41,19 @@ def check_torch() -> Check:
 
 
 def _gpu_needs() -> str:
-    """"16 GB for Qwen2.5-Omni-3B, 24 GB for Qwen2.5-Omni-7B, 24 GB for Moshi": a family's repos that
-    need the same are said once, by the family's name."""
+    """"about 12.8 GB for Qwen2.5-Omni-3B, ..., 17.6 GB for Moshi": the loader's own memory estimate
+    (``Recommendation.gpu_memory_gb``: bf16, default context), the figure it refuses to load by; a
+    family's repos that need the same are said once, by the family's name."""
     from .models.families import FAMILIES
 
     parts = []
     for f in FAMILIES:
         needs = {r.gpu_memory_gb for r in f.repos.values()}
         if len(needs) == 1:
-            parts.append(f"{needs.pop()} GB for {f.title}")
+            parts.append(f"{needs.pop():g} GB for {f.title}")
         else:
-            parts += [f"{r.gpu_memory_gb} GB for {repo.split('/')[-1]}" for repo, r in f.repos.items()]
-    return ", ".join(parts)
+            parts += [f"{r.gpu_memory_gb:g} GB for {repo.split('/')[-1]}" for repo, r in f.repos.items()]
+    return "about " + ", ".join(parts) + " of GPU memory in bf16 (the loader's estimate at its default context)"
 
 
 def check_gpu() -> Check:

@@ -128,3 +128,40 @@ def test_decode_steps_says_which_mode_runs_and_what_compiling_needs(monkeypatch)
     monkeypatch.setattr(shutil, "which", lambda name: None)  # no C++ compiler: compiling would fail
     c = doctor.check_decode()
     assert not c.ok and "no C++ compiler" in c.detail and "g++" in c.fix
+
+
+def test_gpu_needs_are_the_loaders_estimate():
+    """What doctor says a model needs is the loader's own estimate (bf16, the loader's default context) of the
+    published config, the figure it refuses to load by: one source, recomputed here from tests/data."""
+    from pathlib import Path
+
+    import torch
+
+    from omnidesk.models.families import RECOMMENDED
+    from omnidesk.models.moshi.config import MOSHI_7B
+    from omnidesk.models.moshi.executor import estimate_memory as moshi_estimate
+    from omnidesk.models.qwen2_5_omni.config import OmniConfig
+    from omnidesk.models.qwen2_5_omni.memory import estimate_memory as qwen_estimate
+    from omnidesk.models.qwen3_omni.config import Qwen3OmniConfig
+    from omnidesk.models.qwen3_omni.memory import estimate_memory as qwen3_estimate
+
+    data = Path(__file__).parent / "data"
+    bf16 = torch.bfloat16
+    q3b = OmniConfig.from_file(data / "qwen2_5_omni_3b" / "config.json")
+    q7b = OmniConfig.from_file(data / "qwen2_5_omni_7b" / "config.json")
+    q3 = Qwen3OmniConfig.from_file(data / "qwen3_omni" / "config.json")
+    expected = {  # the loaders' defaults: 8192 tokens (Qwen), the config's 3000 frames (Moshi)
+        "Qwen/Qwen2.5-Omni-3B": qwen_estimate(q3b, bf16, 8192),
+        "Qwen/Qwen2.5-Omni-7B": qwen_estimate(q7b, bf16, 8192),
+        "Qwen/Qwen2.5-Omni-7B-GPTQ-Int4": qwen_estimate(q7b, bf16, 8192, quantization="int4", group_size=128),
+        "Qwen/Qwen2.5-Omni-7B-AWQ": qwen_estimate(q7b, bf16, 8192, quantization="int4", group_size=128),
+        "kyutai/moshiko-pytorch-bf16": moshi_estimate(MOSHI_7B, bf16),
+        "kyutai/moshika-pytorch-bf16": moshi_estimate(MOSHI_7B, bf16),
+        "Qwen/Qwen3-Omni-30B-A3B-Instruct": qwen3_estimate(q3, bf16, 8192),
+    }
+    assert set(expected) == set(RECOMMENDED)
+    for repo, estimate in expected.items():
+        assert RECOMMENDED[repo].gpu_memory_gb == round(estimate.total / 1e9, 1), (repo, estimate.total)
+    needs = doctor._gpu_needs()
+    assert "17.6 GB for Moshi" in needs and "78.5 GB for Qwen3-Omni" in needs and "12.8 GB for Qwen2.5-Omni-3B" in needs
+    assert "24 GB" not in needs and "80 GB" not in needs

@@ -258,7 +258,25 @@ def test_repo_id_not_in_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_CACHE", str(hub))
     msg = _raises(CheckpointError, "Org/Missing")
     assert f"'Org/Missing' is not in the local Hugging Face cache ({hub})" in msg, msg
-    assert msg.endswith("omnidesk models download Org/Missing"), msg
+    # an unknown name is said to be unknown, with the repos that exist: no download of a made-up repo suggested
+    assert "omnidesk models download Org/Missing" not in msg, msg
+    assert "'Org/Missing' is not in the local Hugging Face cache" in msg and "not a model repo OmniDesk knows" in msg
+
+
+def test_unknown_repo_is_not_suggested_for_download(tmp_path, monkeypatch):
+    """`--model Qwen/Qwen2.5-Omni-14B` (no such repo): the error lists the known repos and suggests no
+    download of the made-up one; a known repo that is not cached is suggested as before."""
+    from omnidesk.models.families import RECOMMENDED
+
+    hub = tmp_path / "empty-hub"
+    hub.mkdir()
+    monkeypatch.setenv("HF_HUB_CACHE", str(hub))
+    msg = _raises(CheckpointError, "Qwen/Qwen2.5-Omni-14B")
+    assert "download Qwen/Qwen2.5-Omni-14B" not in msg and "not a model repo OmniDesk knows" in msg, msg
+    for repo in RECOMMENDED:
+        assert repo in msg, (repo, msg)
+    msg = _raises(CheckpointError, "Qwen/Qwen2.5-Omni-7B")
+    assert msg.endswith("download it first with: omnidesk models download Qwen/Qwen2.5-Omni-7B"), msg
 
 
 def test_nonexistent_directory(tmp_path):

@@ -225,8 +225,8 @@ def test_memory_at_the_real_size():
         assert "quantiz" not in message.lower() and "int4" not in message.lower()
     assert check_fits(e, 80 * GiB) is None
     assert check_fits(estimate_memory(cfg, torch.bfloat16, 4096), 80 * GiB) is None
-    # the registry's words agree: an 80 GB GPU holds the estimate at 8k context
-    assert e.total <= RECOMMENDED[REPO3].gpu_memory_gb * 1e9
+    # the registry quotes this estimate (8k context), which an 80 GB GPU holds
+    assert abs(e.total - RECOMMENDED[REPO3].gpu_memory_gb * 1e9) <= 0.05e9
     # and the download size is the published tensors' (vision included) in bf16
     assert abs(sum(torch.Size(s).numel() for s in tensors.values()) * 2 / 1e9 - RECOMMENDED[REPO3].download_gb) < 1
 
@@ -525,7 +525,7 @@ def test_download_help_and_a_download_of_the_published_name(capsys, monkeypatch,
     assert REPO3 in top and "'qwen3-demo'(Qwen3-Omni)" in top and "(Qwen2.5-Omni,Moshi,Qwen3-Omni)" in top
     assert help_text("models", "download", "--help").startswith("usage:omnideskmodelsdownload")
     rec = RECOMMENDED[REPO3]
-    assert QWEN3.repos == {REPO3: rec} and rec.gpu_memory_gb == 80
+    assert QWEN3.repos == {REPO3: rec} and rec.gpu_memory_gb == 78.5
 
     files = {p.name: p.read_bytes() for p in sorted(q3_src.iterdir()) if p.is_file()}
     with _hub_serving(monkeypatch, REPO3, {**files, "README.md": b"# Qwen3-Omni\n"}) as hub:
@@ -584,7 +584,7 @@ def test_doctor_knows_qwen3(monkeypatch, q3_hf, q3_demo, tmp_path):
     check = doctor.check_models()
     assert check.ok and f"{REPO3} (Qwen3-Omni)" in check.detail
     assert f"qwen3-demo at {q3_demo}" in doctor.check_demo().detail
-    assert "80 GB for Qwen3-Omni" in doctor._gpu_needs()
+    assert "78.5 GB for Qwen3-Omni" in doctor._gpu_needs()
     # a download that stopped before any file landed
     hub = tmp_path / "hf" / "hub"
     (hub / ("models--" + REPO3.replace("/", "--")) / "blobs").mkdir(parents=True)

@@ -122,8 +122,14 @@ def resolve_checkpoint(model: str | os.PathLike) -> Path:
         snap = cached_snapshot(repo_cache_dir(text))
         if snap is not None:
             return snap
-        raise CheckpointError(f"'{text}' is not in the local Hugging Face cache ({hf_hub_cache()}); "
-                              f"download it first with: omnidesk models download {text}")
+        from .families import RECOMMENDED  # the published repos OmniDesk knows
+
+        where = f"'{text}' is not in the local Hugging Face cache ({hf_hub_cache()})"
+        if text in RECOMMENDED:
+            raise CheckpointError(f"{where}; download it first with: omnidesk models download {text}")
+        # never suggest downloading a name we do not know: "Qwen/Qwen2.5-Omni-14B" does not exist
+        raise CheckpointError(f"{where}, and it is not a model repo OmniDesk knows. Known repos: "
+                              f"{', '.join(RECOMMENDED)} (get one with: omnidesk models download <repo>)")
     raise CheckpointError(f"checkpoint directory not found: {path}")
 
 

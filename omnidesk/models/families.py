@@ -34,7 +34,11 @@ class Recommendation:
     """What a published repo needs, said before a download."""
 
     download_gb: float  # approximate size of the files fetched
-    gpu_memory_gb: int  # GPU memory to plan for in bf16
+    # GPU memory (GB, 1e9 bytes) the loader's own estimate gives for the published config in bf16 at the
+    # loader's default context (estimate_memory in omnidesk/models/<family>/memory.py, moshi/executor.py),
+    # the figure the loader refuses by: `omnidesk doctor` and the README quote it; tests/test_doctor.py
+    # recomputes it from the published configs in tests/data, so it cannot drift from the estimate
+    gpu_memory_gb: float
     guidance: str  # what it needs to run (the size is download_gb: say it once, see summary())
 
     def summary(self) -> str:
@@ -212,13 +216,13 @@ QWEN = Family(
     input_rate=_qwen_input_rate, turn_tools=_qwen_tools, quantization=_qwen_quantization,
     memory_modes=_qwen_memory_modes,
     repos={
-        "Qwen/Qwen2.5-Omni-3B": Recommendation(11, 16, "in bf16 it fits a 16 GB NVIDIA GPU"),
-        "Qwen/Qwen2.5-Omni-7B": Recommendation(22, 24, "in bf16 it wants an NVIDIA GPU with 24 GB or more"),
+        "Qwen/Qwen2.5-Omni-3B": Recommendation(11, 12.8, "in bf16 it fits a 16 GB NVIDIA GPU"),
+        "Qwen/Qwen2.5-Omni-7B": Recommendation(22, 24.9, "in bf16 it wants an NVIDIA GPU with 24 GB or more"),
         # estimated from the 7B's tensors with the thinker's decoder linears at 4 bits (the rest as published;
         # vision included in the download): no public figure for the files
-        "Qwen/Qwen2.5-Omni-7B-GPTQ-Int4": Recommendation(11, 16, "the 7B with a 4-bit thinker: fits a 16 GB "
+        "Qwen/Qwen2.5-Omni-7B-GPTQ-Int4": Recommendation(11, 14.4, "the 7B with a 4-bit thinker: fits a 16 GB "
                                                                  "NVIDIA GPU (about 13 GiB at an 8k context)"),
-        "Qwen/Qwen2.5-Omni-7B-AWQ": Recommendation(11, 16, "the 7B with a 4-bit thinker (AWQ): fits a 16 GB "
+        "Qwen/Qwen2.5-Omni-7B-AWQ": Recommendation(11, 14.4, "the 7B with a 4-bit thinker (AWQ): fits a 16 GB "
                                                            "NVIDIA GPU (about 13 GiB at an 8k context)"),
     })
 
@@ -305,7 +309,8 @@ QWEN3 = Family(
     ignored_options=("quantize",),  # its MoE experts are not QuantLinear yet
     repos={
         "Qwen/Qwen3-Omni-30B-A3B-Instruct": Recommendation(
-            71, 80, "a 30B mixture-of-experts model: in bf16 it wants about 70 GB of GPU memory (an 80 GB GPU, "
+            71, 78.5, "a 30B mixture-of-experts model: in bf16 it wants about 79 GB of GPU memory at an 8k context "
+                      "(an 80 GB GPU, "
                     "or two GPUs through a vLLM-Omni server)"),
     })
 
@@ -383,8 +388,8 @@ MOSHI = Family(
     load=_moshi_load, verify=_moshi_verify, voices=lambda root: [], declared_dtype=lambda root: None,
     input_rate=_moshi_input_rate,
     repos={
-        "kyutai/moshiko-pytorch-bf16": Recommendation(16, 24, "Moshiko (male voice); " + _MOSHI_GUIDANCE),
-        "kyutai/moshika-pytorch-bf16": Recommendation(16, 24, "Moshika (female voice); " + _MOSHI_GUIDANCE),
+        "kyutai/moshiko-pytorch-bf16": Recommendation(16, 17.6, "Moshiko (male voice); " + _MOSHI_GUIDANCE),
+        "kyutai/moshika-pytorch-bf16": Recommendation(16, 17.6, "Moshika (female voice); " + _MOSHI_GUIDANCE),
     },
     # one voice, and no reply to limit: it talks when it likes, one frame at a time; its linears are not
     # QuantLinear yet

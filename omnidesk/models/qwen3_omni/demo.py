@@ -26,7 +26,8 @@ from .config import Qwen3OmniConfig
 from .loading import Qwen3OmniModel, weight_map
 
 DEMO_NOTICE = ("Qwen3-Omni demo model: tiny and untrained (random weights) - its replies are noise, not speech. "
-               "The real model is Qwen/Qwen3-Omni-30B-A3B-Instruct (about 70 GB of GPU memory in bf16).")
+               "The real model is Qwen/Qwen3-Omni-30B-A3B-Instruct (about 79 GB of GPU memory in bf16: the "
+               "loader's estimate at an 8k context).")
 
 RECIPE_VERSION = 1
 SEED = 20261203
