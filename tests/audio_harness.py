@@ -270,8 +270,9 @@ class PulseHarness:
 
 
 @pytest.fixture(scope="session")
-def pulse_server(tmp_path_factory):
-    """A running private PulseAudio server (:class:`PulseHarness`), stopped after the session."""
+def pulse_server(tmp_path_factory, busy_core):
+    """A running private PulseAudio server (:class:`PulseHarness`), stopped after the session; with
+    pytest's ``--busy-core`` one core spins meanwhile (the ``busy_core`` fixture in conftest.py)."""
     reason = ensure_installed()
     if reason:
         pytest.skip(reason)

@@ -75,3 +75,25 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+def pytest_addoption(parser):
+    parser.addoption("--busy-core", action="store_true",
+                     help="keep one CPU core busy (a spinning process) during the real-time live tests, as a "
+                          "user's machine is while it runs the model: tests/test_live*.py must pass so too")
+
+
+@pytest.fixture(scope="session")
+def busy_core(request):
+    """With ``--busy-core``: a process spinning on one core for the session (None without)."""
+    import subprocess
+
+    if not request.config.getoption("--busy-core"):
+        yield None
+        return
+    proc = subprocess.Popen([sys.executable, "-c", "while True: pass"], stdin=subprocess.DEVNULL)
+    try:
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait()

@@ -38,7 +38,7 @@ import soxr
 import torch
 
 from omnidesk import cli
-from omnidesk.audio.capture import CapturePath
+from omnidesk.audio.capture import CapturePath, Decimator
 from omnidesk.engine.duplex import VAD_RATE, session_rate, vad_rate
 from omnidesk.engine.talk import FRAME_S, LEAD_SILENCE_S
 from omnidesk.models.moshi.config import MOSHI_NAME, TOKENIZER_NAME, MoshiConfig
@@ -290,7 +290,7 @@ def test_live_path_to_mimi_is_one_resample_and_keeps_the_band_above_8khz():
     x = tone(10000, 1.0, 48000)
     out = through(path, x, np.zeros_like(x), bypassed=False, block=960)
     assert set(cancelled) == {1920}
-    one = soxr.ResampleStream(48000, RATE, 1, dtype="float32", quality="HQ").resample_chunk(x)
+    one = Decimator(48000, RATE).offline(x)  # streaming == one-shot (capture.Decimator: why not soxr)
     np.testing.assert_array_equal(out, one[:out.size])
     assert abs(level_db(out[RATE // 10:])) < 0.5  # 10 kHz comes through whole
     assert path.describe(bypassed=False) == "device 48000 Hz -> echo canceller 48000 Hz -> model 24000 Hz"
@@ -316,14 +316,15 @@ def test_live_path_to_mimi_is_one_resample_and_keeps_the_band_above_8khz():
     path = CapturePath(48000, 16000, 16000, cancel)
     z = tone(1000, 1.0, 48000)
     out = through(path, z, np.zeros_like(z), bypassed=False, block=960)
-    one = soxr.ResampleStream(48000, 16000, 1, dtype="float32", quality="HQ").resample_chunk(z)
+    one = Decimator(48000, 16000).offline(z)
     assert set(cancelled) == {640}
     np.testing.assert_array_equal(out, one[:out.size])
 
 
 def test_live_session_opens_the_device_for_the_models_rate(monkeypatch):
     """Which rate the session asks the devices for first: the model's with headphones, the canceller's
-    on speakers (a duplex model); nothing for a turn-based one (the devices' own rate, as before)."""
+    on speakers (a duplex model); for a turn-based one a whole multiple of its 16 kHz (the capture
+    path's short decimator instead of soxr's 21 ms hold-back), else the devices' own rate."""
     import omnidesk.audio.session as session_mod
     from omnidesk.audio.aec import canceller_rate
     from omnidesk.audio.session import LiveSession, LiveSettings
@@ -343,7 +344,7 @@ def test_live_session_opens_the_device_for_the_models_rate(monkeypatch):
     for executor, headphones in ((duplex, True), (duplex, False), (turn, False)):
         with pytest.raises(Stop):
             LiveSession(executor, LiveSettings(headphones=headphones)).start()
-    assert asked == [(RATE,), (48000,), ()]
+    assert asked == [(RATE,), (48000,), (48000, 32000)]
     assert canceller_rate(RATE) == 48000 and canceller_rate(16000) == 16000
 
 

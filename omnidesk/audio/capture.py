@@ -33,21 +33,92 @@ FRAME_MS = 40
 RESYNC_S = 0.015
 
 
+class Decimator:
+    """Streaming low-pass + keep every ``factor``-th sample, for a device rate that is a whole
+    multiple of the target's (48 -> 16 or 24 kHz, 32 -> 16 kHz).
+
+    Why not soxr here: its HQ filter holds back the last ~21 ms of every block it is given (the
+    tail of a long, steep filter), and on the microphone's path that is 21 ms added to every
+    decision the engine takes on the audio: when the user stops, when they cut in.  This filter
+    is a Kaiser-windowed sinc, linear phase, cut off at the target's Nyquist, flat (< 0.1 dB) to
+    90 % of it and >= 80 dB down from 110 % on: what folds back lands above 90 % of the band,
+    which the speech detector and the encoders' mel filters barely weigh.  It holds back half its
+    length, ~1.6 ms at 48 kHz.  Output sample k is input sample ``factor * k`` (the filter's delay
+    is taken off, as soxr does), so the stamps of the capture path stay right; the stream equals
+    the one-shot :meth:`offline` to float precision.
+    """
+
+    def __init__(self, rate_in: int, rate_out: int, stop_db: float = 80.0):
+        if rate_in % rate_out:
+            raise ValueError(f"{rate_in} Hz is not a whole multiple of {rate_out} Hz")
+        self.factor = rate_in // rate_out
+        nyquist_out = rate_out / 2
+        width = 0.2 * nyquist_out / rate_in  # transition 90 % -> 110 % of the target's Nyquist, cycles/sample
+        beta = 0.1102 * (stop_db - 8.7)
+        taps = int(np.ceil((stop_db - 7.95) / (2.285 * 2 * np.pi * width)))
+        self.delay = -(-(taps // 2) // self.factor) * self.factor  # half the length, in whole output samples
+        n = np.arange(2 * self.delay + 1) - self.delay
+        cutoff = nyquist_out / rate_in
+        h = 2 * cutoff * np.sinc(2 * cutoff * n) * np.kaiser(n.size, beta)
+        self.taps = (h / h.sum()).astype(np.float32)
+        self.clear()
+
+    def clear(self) -> None:
+        # the filter's history: it starts on silence, the delay's worth of output skipped
+        self._hist = np.zeros(self.taps.size - 1, np.float32)
+        self._skip = self.delay  # input samples whose outputs fall before sample 0
+        self._phase = 0  # input samples (after the skip) until the next kept output
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        x = np.asarray(x, np.float32).reshape(-1)
+        if x.size == 0:
+            return x
+        buf = np.concatenate([self._hist, x])
+        y = np.convolve(buf, self.taps, mode="valid")  # y[i] = filtered input sample i of x (delay later)
+        self._hist = buf[-(self.taps.size - 1):]
+        # y[i] is the output centred on input sample (i - delay); drop the first `delay` overall
+        skip = min(self._skip, y.size)
+        self._skip -= skip
+        y = y[skip:]
+        out = y[self._phase::self.factor]
+        self._phase = (self._phase - y.size) % self.factor
+        return out.astype(np.float32, copy=False)
+
+    def offline(self, x: np.ndarray) -> np.ndarray:
+        """The same filter on a whole signal at once (zeros before it; its last ``delay`` input
+        samples not out yet, as in the stream)."""
+        full = np.convolve(np.concatenate([np.zeros(self.taps.size - 1, np.float32), np.asarray(x, np.float32)]),
+                           self.taps, mode="valid")
+        return full[self.delay::self.factor].astype(np.float32)
+
+
 class _Resampler:
-    """A streaming soxr resampler, or nothing when the rates match."""
+    """The capture path's resampler: a :class:`Decimator` for a whole-number ratio (the low-latency
+    way), a streaming soxr resampler otherwise (e.g. 44.1 -> 16 kHz; ~21 ms held back), or
+    nothing when the rates match."""
 
     def __init__(self, rate_in: int, rate_out: int):
         import soxr
 
-        self._rs = None if rate_in == rate_out else \
-            soxr.ResampleStream(rate_in, rate_out, 1, dtype="float32", quality="HQ")
+        if rate_in == rate_out:
+            self._rs = None
+        elif rate_in % rate_out == 0:
+            self._rs = Decimator(rate_in, rate_out)
+        else:
+            self._rs = soxr.ResampleStream(rate_in, rate_out, 1, dtype="float32", quality="HQ")
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
-        return x if self._rs is None else self._rs.resample_chunk(x)
+        if self._rs is None:
+            return x
+        return self._rs(x) if isinstance(self._rs, Decimator) else self._rs.resample_chunk(x)
 
     def clear(self) -> None:
         if self._rs is not None:
             self._rs.clear()
+
+    def release(self) -> None:
+        """Let go of the soxr stream (see DeviceSpeaker.release_resampler); unusable afterwards."""
+        self._rs = None
 
 
 class CapturePath:
@@ -85,6 +156,11 @@ class CapturePath:
         self._out_n = 0  # frame samples handed out since the clear
         if not hasattr(self, "_t_end"):
             self._t_end = 0.0  # end of the last frame handed out, before the canceller's shift (never goes back)
+
+    def release(self) -> None:
+        """The session closed: drop the resamplers' native state now, not at interpreter exit."""
+        for rs in (self._mic_in, self._ref_in, self._out, self._direct):
+            rs.release()
 
     def describe(self, bypassed: bool) -> str:
         """The rates along the path, e.g. "device 48000 Hz -> echo canceller 48000 Hz -> model 24000 Hz"."""

@@ -195,6 +195,24 @@ class DeviceSpeaker:
             in_flight = max(0, self._inner.playhead - self._heard_device_samples())
             return int(round((self._inner.buffered_samples + in_flight) / self._ratio)) + self._rs_pending()
 
+    def release_resampler(self) -> None:
+        """Drop the soxr stream (the streams closed).  A soxr object still alive when Python exits
+        makes nanobind print a "leaked instances" block: closing lets it go (a new reply makes a
+        new one)."""
+        with self._lock:
+            self._rs = None
+            self._rs_in = self._rs_out = 0
+
+    def session_now(self) -> float | None:
+        """Session time now, on the stream clock (None before the session set its origin)."""
+        clock, origin = self.clock, self.origin
+        if clock is None or origin is None:
+            return None
+        try:
+            return clock() - origin
+        except Exception:  # noqa: BLE001 - the stream was closed meanwhile
+            return None
+
     @property
     def underruns(self) -> int:
         return self._inner.underruns
@@ -440,6 +458,7 @@ class AudioIO:
             self._counted = False
         self._closing = True
         self.speaker.clock = None  # no stream clock: the playhead falls back to what was handed over
+        self.speaker.release_resampler()
         for name in ("_in", "_out"):
             stream = getattr(self, name)
             setattr(self, name, None)

@@ -155,8 +155,14 @@ class LiveSession:
         rate_in = session_rate(self.ex)  # what the model hears
         duplex = getattr(self.ex, "duplex", False)
         cancel_rate = canceller_rate(rate_in)
-        # a duplex model: the device at the model's rate with headphones, at the canceller's on speakers
-        prefer = ((rate_in,) if s.headphones else (cancel_rate,)) if duplex else ()
+        # a duplex model: the device at the model's rate with headphones, at the canceller's on speakers;
+        # a turn-based one at a whole multiple of the canceller's rate where the devices take one
+        # (48 kHz: 48 -> 16 kHz is capture.Decimator, ~1.6 ms held back, where soxr from the
+        # usual 44.1 kHz holds back ~21 ms of every block: 21 ms later to every decision)
+        if duplex:
+            prefer = (rate_in,) if s.headphones else (cancel_rate,)
+        else:
+            prefer = tuple(r for r in (48000, 32000) if r % cancel_rate == 0 and r % rate_in == 0)
         audio = AudioIO(s.input_device, s.output_device, model_out_rate=self.ex.sample_rate_out,
                         block_ms=s.block_ms, latency_s=s.latency_s,
                         speaker_capacity_s=self.engine_config.max_audio_ahead_s + 3.0, prefer_rates=prefer)
@@ -224,6 +230,8 @@ class LiveSession:
             self._drive_future = None
         if self.audio is not None:
             self.audio.close()
+        if self.capture is not None:
+            self.capture.release()  # start() makes a new one
         if self.engine is not None and self._thread is not None:
             try:
                 self._thread.call(self.engine.aclose()).result(timeout=10)

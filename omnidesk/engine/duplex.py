@@ -464,6 +464,7 @@ class DuplexEngine:
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=False)
         self._update_timeline()
+        self._to_vad = None  # its soxr state goes now, not at interpreter exit (nanobind reports that as a leak)
 
 
 def make_engine(executor, endpointer: Endpointer, speaker: VirtualSpeaker, config=None, timeline=None,

@@ -267,6 +267,7 @@ class Engine:
             self._turn.user_speech_end = ev.t_speech_end
             self._turn.endpoint = ev.t_endpoint
             self._end_of_turn()["ended_by"] = ev.by
+            self._turn.extra["endpoint_seen"] = self._clock_now()  # the frame's stamp is when it was heard
             if self.state == TurnState.PREEMPTING:
                 self.stats.preemptive_used += 1
                 self._turn.extra["preemptive"] = "used"
@@ -356,9 +357,17 @@ class Engine:
                 if not reply.on_speaker:
                     self.speaker.start_reply()
                     reply.on_speaker = True
+                    reply.turn.extra["written_to_device"] = self._clock_now()
                 if not self.speaker.write(chunk):
                     return
             reply.pending.pop(0)
+
+    def _clock_now(self) -> float:
+        """Session time now: the device's clock where the speaker has one (a live session), else the
+        latest frame's end (talk's virtual devices run on the frame clock)."""
+        now = getattr(self.speaker, "session_now", None)
+        t = now() if now is not None else None
+        return self.now if t is None else t
 
     def _audio_ahead(self, reply: _Reply) -> float:
         pending = sum(c.size for c in reply.pending)
