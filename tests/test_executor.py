@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 import torch
 
+from omnidesk.models.features import num_frames
 from omnidesk.models.qwen2_5_omni.executor import QwenOmniExecutor
 from omnidesk.models.qwen2_5_omni.loading import load_stack
 from omnidesk.models.qwen2_5_omni.offline import generate_reply
@@ -63,6 +64,23 @@ def test_listening_in_frames_equals_the_whole_utterance(stack, speech_like):
     wave = speech_like(2.3, seed=5)
     ex = _executor(stack)
     prompt = _user_turn(ex, wave, block=640)  # 40 ms frames, blocks prefilled while "speaking"
+    text, codes, _ = _run_reply(ex)
+    ref = generate_reply(stack, wave, thinker_sampling=SamplingParams(greedy=True),
+                         talker_sampling=talker_defaults(stack, greedy=True), max_text_tokens=12, max_codec_tokens=80)
+    assert prompt == ref.prompt_ids
+    assert text == ref.text_ids
+    assert codes == ref.codec_ids
+
+
+@torch.inference_mode()
+def test_turn_ending_just_past_a_block_equals_the_whole_utterance(stack, speech_like):
+    """A turn that ends inside the STFT margin after a block: the block is still unencoded when
+    the turn ends, and the rest is a block plus a frame or so (CI's turn-taking bench hit it)."""
+    ex = _executor(stack)
+    margin = stack.features.n_fft // 2
+    wave = speech_like(2.5, seed=11)[: ex.block_samples + margin // 2]
+    assert num_frames(len(wave), stack.features) > ex.block_frames  # a block and a bit
+    prompt = _user_turn(ex, wave, block=640)
     text, codes, _ = _run_reply(ex)
     ref = generate_reply(stack, wave, thinker_sampling=SamplingParams(greedy=True),
                          talker_sampling=talker_defaults(stack, greedy=True), max_text_tokens=12, max_codec_tokens=80)

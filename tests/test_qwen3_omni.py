@@ -407,3 +407,21 @@ def test_a_failure_mid_reply_forgets_the_turn_and_the_conversation_goes_on(q3):
     logits, rows, used = _fresh_rows(ex)
     assert float((logits - ex.thinker.logits(ex._last_hidden)).abs().max()) <= 1e-4
     assert torch.equal(used, ex.context_used[:len(ex.ids)])
+
+
+@torch.inference_mode()
+@pytest.mark.parametrize("past_block", [1, 180, 300])
+def test_turn_ending_past_a_block_encodes_as_the_whole_utterance(q3, past_block):
+    """Heard in 40 ms frames, a turn that ends a few samples past a block (inside the STFT margin
+    the streamed encoder waits for) gives the audio tokens of the one-shot encoder."""
+    stack = load_stack(q3[0])
+    ex = Qwen3OmniExecutor(stack, capacity=1024, max_reply_tokens=4, **_greedy(stack))
+    wave = _wave(2.0 * ex.block_samples / 16000 + 1, seed=3)[: ex.block_samples + past_block]
+    ex.begin_user_turn()
+    for i in range(0, len(wave), 640):
+        ex.add_user_audio(wave[i:i + 640].numpy())
+    ex.end_user_turn()
+    streamed = torch.cat([a for _, a in ex._audio_store])
+    one_shot = stack.thinker.audio_encoder(log_mel(wave, stack.features))
+    assert streamed.shape == one_shot.shape
+    assert float((streamed - one_shot).abs().max()) <= 1e-4

@@ -135,8 +135,8 @@ class Resume:
 @dataclass(frozen=True)
 class Endpoint:
     """The turn ended.  ``t_endpoint`` = end of the frame that completed the silence (or hit the
-    length limit); ``t_speech_end`` = end of the last speech frame, the moment the user really
-    stopped.  ``forced`` = ended by ``max_utterance_s`` (no Pause precedes it then)."""
+    length limit); ``t_speech_end`` = where the voice stopped, found in the audio of the last
+    speech frames (the detector holds "speech" past it; see ``speech_end_search_ms``).  ``forced`` = ended by ``max_utterance_s`` (no Pause precedes it then)."""
 
     t_endpoint: float
     t_speech_end: float

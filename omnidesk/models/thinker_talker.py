@@ -451,12 +451,13 @@ class ThinkerTalkerExecutor(Executor):
         self._floor = floor
         return torch.clamp(raw, min=(floor + 4) / 4)
 
-    def _encode(self, frames: torch.Tensor) -> torch.Tensor:
+    def _encode(self, frames: torch.Tensor, start: int) -> torch.Tensor:
+        """Encode the block of feature frames that begins at frame ``start`` of the utterance."""
         with stage("encoder"):
             feats = frames.to(self.device, self.stack.dtype)
             # first: whether this block starts the utterance (Qwen3-Omni's encoder pads a short
             # last chunk only when earlier frames exist)
-            return self.thinker.audio_encoder.encode_block(feats, first=self._blocks_done == 0)
+            return self.thinker.audio_encoder.encode_block(feats, first=start == 0)
 
     def add_user_audio(self, samples: np.ndarray) -> int:
         if not self._turn_open:
@@ -469,7 +470,7 @@ class ThinkerTalkerExecutor(Executor):
             start = self._blocks_done * self.block_frames
             if feats is None:
                 feats = self._features()
-            tokens = self._encode(feats[:, start:start + self.block_frames])
+            tokens = self._encode(feats[:, start:start + self.block_frames], start)
             ids = [self.audio_token_id] * tokens.shape[0]
             self._ensure_room(len(ids) + len(self._turn_pieces["tail"]), at="add_user_audio")
             self._prefill(ids, tokens)
@@ -486,7 +487,12 @@ class ThinkerTalkerExecutor(Executor):
         tokens = None
         if total_frames > start:
             feats = self._features()
-            tokens = self._encode(feats[:, start:total_frames])
+            # The rest can exceed one block by a frame or so: add_user_audio waits for the STFT
+            # margin past a block, and the turn may end inside it.  Whole blocks first, then the
+            # tail, as the one-shot encoder splits the utterance.
+            parts = [self._encode(feats[:, lo:min(lo + self.block_frames, total_frames)], lo)
+                     for lo in range(start, total_frames, self.block_frames)]
+            tokens = torch.cat(parts) if len(parts) > 1 else parts[0]
             ids = [self.audio_token_id] * tokens.shape[0]
         ids += self._turn_pieces["tail"]
         self._ensure_room(len(ids) + 1, reserve=self._reply_room(), at="end_user_turn")

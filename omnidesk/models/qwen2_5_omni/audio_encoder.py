@@ -126,7 +126,7 @@ class AudioEncoder(nn.Module):
     def _head(self, h: torch.Tensor) -> torch.Tensor:
         """h: [a, d_model] after the layers -> pair-averaged, ln_post, proj: [a // 2, output_dim]."""
         pairs = h.shape[0] // 2
-        h = h[: 2 * pairs].reshape(pairs, 2, -1)
+        h = h[: 2 * pairs].reshape(pairs, 2, h.shape[-1])  # a 1-frame tail has no pair: 0 tokens
         h = (h[:, 0] + h[:, 1]) / 2
         return self.proj(self.ln_post(h))
 
