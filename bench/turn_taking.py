@@ -19,7 +19,20 @@ timeline is mapped back to the item it came from (see :func:`map_turns`), then:
 Run:  .venv/bin/python bench/turn_taking.py [--policies fixed,smart] [--limit N] [--dir DIR]
       [--vad webrtc|energy] [--realtime] [--out FILE]    (JSON on stdout; also to FILE)
 
-About 1-2 minutes per policy on 2 CPU cores with the demo model (16 items).
+About 1-2 minutes per policy on 2 CPU cores with the demo model (16 items).  The espeak set is a
+quick smoke run: Smart Turn is at chance on espeak speech.
+
+``--set DIR`` runs a labelled folder of recorded speech instead (``labels.csv`` with ``file``,
+``label`` = complete | pause, ``speech_end_s``; a README table with a ``speaker`` column is
+read when present), e.g. ``../shared/data/turns-human``, default policies ``fixed,auto`` (auto:
+what a user gets with no flag).  Per policy, under ``"policies"``: ``detector``, ``files``,
+``cut_ins`` (files where the user was cut off: early or a false endpoint), ``early_cutins`` (the turn ended before the labelled
+speech end), ``false_endpoints`` (a ``pause`` file's turn ended within its trailing silence:
+the speaker went on after it), ``missed`` (a ``complete`` file with no endpoint within its
+trailing silence; its latency counts as that silence), ``endpoint_ms`` and ``playback_ms``
+{median, p90} (endpoint / playback start minus the labelled speech end, ``complete`` files),
+``cpu_ms_per_score`` {median, p90} or null, and ``per_speaker`` (the same counts per speaker).
+About 2 minutes per policy for the 30 files of turns-human.
 """
 
 from __future__ import annotations
@@ -43,7 +56,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 import turn_taking_set  # noqa: E402  (the labelled set's generator)
 
-POLICIES = ("fixed", "smart")
+POLICIES = ("fixed", "smart", "auto")
 try:  # talk's schedule: the lead-in silence before the first input, the frame grid
     from omnidesk.engine.talk import FRAME_S, GAP_S, LEAD_SILENCE_S
 except ImportError:  # pragma: no cover - keep the bench readable if talk moves
@@ -360,12 +373,164 @@ def bench_policy(policy: str, items: list[dict], workdir: Path, args) -> dict:
     return result
 
 
+# ------------------------------------------------------------------ a labelled folder (--set)
+
+
+def read_labelled_set(folder: Path) -> list[dict]:
+    """The files of a labelled folder: [{file, path, label, speech_end_s, duration_s, speaker}].
+
+    Raises ValueError naming the file and field that is wrong."""
+    import csv
+    import wave
+
+    labels = folder / "labels.csv"
+    if not labels.is_file():
+        raise ValueError(f"{folder}: no labels.csv (expected columns file,label,speech_end_s)")
+    speakers = {}
+    readme = folder / "README.md"
+    if readme.is_file():  # the README's file table: | file | label | speech_end_s | speaker | ...
+        header = None
+        for line in readme.read_text(encoding="utf-8").splitlines():
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            if "file" in cells and "speaker" in cells:
+                header = cells
+            elif header and len(cells) == len(header) and cells[0].endswith(".wav"):
+                speakers[cells[header.index("file")]] = cells[header.index("speaker")]
+    files = []
+    with labels.open(newline="", encoding="utf-8") as f:
+        for n, row in enumerate(csv.DictReader(f), start=2):
+            where = f"{labels}, line {n}"
+            missing = [k for k in ("file", "label", "speech_end_s") if not (row.get(k) or "").strip()]
+            if missing:
+                raise ValueError(f"{where}: no {', '.join(missing)}")
+            if row["label"] not in ("complete", "pause"):
+                raise ValueError(f"{where}: label must be complete or pause, got {row['label']!r}")
+            path = folder / row["file"]
+            try:
+                end = float(row["speech_end_s"])
+                with wave.open(str(path)) as w:
+                    duration = w.getnframes() / w.getframerate()
+            except ValueError as e:
+                raise ValueError(f"{where}: speech_end_s {row['speech_end_s']!r}: {e}") from None
+            except (OSError, EOFError, wave.Error) as e:
+                raise ValueError(f"{path}: not a readable WAV file ({e})") from None
+            if not 0 < end <= duration:
+                raise ValueError(f"{where}: speech_end_s {end} is outside {path.name} (0-{duration:.3f} s)")
+            files.append({"file": row["file"], "path": str(path), "label": row["label"], "speech_end_s": end,
+                          "duration_s": duration, "speaker": speakers.get(row["file"], "unknown")})
+    if not files:
+        raise ValueError(f"{labels}: no files listed")
+    return files
+
+
+def _med_p90(values: list[float]) -> dict:
+    def r(v):
+        return None if v is None else round(v, 1) + 0.0
+
+    return {"median": r(percentile(values, 50)), "p90": r(percentile(values, 90))}
+
+
+def score_set(files: list[dict], timeline: dict) -> dict:
+    """The issue-27 figures of one policy's talk run over ``files`` (see the module docstring).
+
+    A turn belongs to the file its speech started in: talk records where each input was played
+    (``inputs``: start and end on the session clock)."""
+    inputs, turns = timeline.get("inputs") or [], timeline.get("turns", [])
+    if len(inputs) != len(files):
+        raise ValueError(f"the timeline lists {len(inputs)} inputs for {len(files)} files")
+    starts = [x["start_s"] for x in inputs] + [math.inf]
+    rows, cpu = [], []
+    detectors = set()
+    for i, f in enumerate(files):
+        own = [t for t in turns if t.get("user_speech_start") is not None
+               and starts[i] <= t["user_speech_start"] < starts[i + 1]]
+        speech_end = starts[i] + f["speech_end_s"]
+        silence_end = starts[i] + f["duration_s"]  # the file's trailing silence ends here
+        ends = [t for t in own if t.get("endpoint") is not None]
+        early = [t for t in ends if t["endpoint"] < speech_end]
+        after = [t for t in ends if t["endpoint"] >= speech_end]
+        final = after[0] if after else None
+        in_silence = final is not None and final["endpoint"] < silence_end
+        row = {"file": f["file"], "label": f["label"], "speaker": f["speaker"], "turns": len(own),
+               "early_cutin": bool(early), "false_endpoint": f["label"] == "pause" and in_silence}
+        if final is not None:
+            row["endpoint_ms"] = round(1000 * (final["endpoint"] - speech_end), 1)
+            play = (final.get("events") or {}).get("playback_start")
+            row["playback_ms"] = None if play is None else round(1000 * (play - speech_end), 1)
+            row["ended_by"] = end_of_turn(final).get("ended_by")
+        if f["label"] == "complete":
+            row["missed"] = not in_silence
+        for t in own:
+            eot = end_of_turn(t)
+            if eot:
+                detectors.add("silence" if eot.get("detector") == "fixed" else str(eot.get("detector")))
+            cpu += [s["cpu_ms"] for s in eot.get("scores", []) if s.get("cpu_ms") is not None]
+        rows.append(row)
+
+    def figures(rs: list[dict]) -> dict:
+        complete = [r for r in rs if r["label"] == "complete"]
+        limit = {r["file"]: 1000 * next(f["duration_s"] - f["speech_end_s"] for f in files if f["file"] == r["file"])
+                 for r in complete}
+        # a miss counts as the whole trailing silence (the turn did not end within it)
+        endpoint = [limit[r["file"]] if r["missed"] else r["endpoint_ms"] for r in complete]
+        playback = [limit[r["file"]] if r["missed"] or r.get("playback_ms") is None else r["playback_ms"]
+                    for r in complete]
+        return {"files": len(rs), "cut_ins": sum(r["early_cutin"] or r["false_endpoint"] for r in rs),
+                "early_cutins": sum(r["early_cutin"] for r in rs),
+                "false_endpoints": sum(r["false_endpoint"] for r in rs),
+                "missed": sum(r["missed"] for r in complete),
+                "endpoint_ms": _med_p90(endpoint), "playback_ms": _med_p90(playback)}
+
+    out = {"detector": "+".join(sorted(detectors)) or None, **figures(rows),
+           "cpu_ms_per_score": _med_p90(cpu) if cpu else None, "scores": len(cpu)}
+    speakers = sorted({r["speaker"] for r in rows})
+    out["per_speaker"] = {sp: figures([r for r in rows if r["speaker"] == sp]) for sp in speakers}
+    out["files_detail"] = rows
+    return out
+
+
+def bench_set(args, policies: list[str]) -> dict:
+    folder = Path(args.set)
+    files = read_labelled_set(folder)
+    result = {
+        "bench": "turn_taking",
+        "machine": {"platform": platform.platform(), "cpu_count": os.cpu_count(),
+                    "load_avg_before": [round(x, 2) for x in os.getloadavg()]},
+        "set": {"dir": str(folder.resolve()), "files": len(files),
+                "complete": sum(f["label"] == "complete" for f in files),
+                "pause": sum(f["label"] == "pause" for f in files),
+                "speakers": sorted({f["speaker"] for f in files})},
+        "talk": {"model": args.model, "device": args.device, "vad": args.vad, "fast": not args.realtime,
+                 "max_codec_tokens": args.max_codec_tokens, "frame_s": FRAME_S, "gap_s": GAP_S},
+        "policies": {},
+    }
+    with tempfile.TemporaryDirectory(prefix="omnidesk-turn-bench-") as tmp:
+        workdir = Path(args.keep) if args.keep else Path(tmp)
+        workdir.mkdir(parents=True, exist_ok=True)
+        for policy in policies:
+            if policy == "smart" and (reason := smart_unavailable()):
+                result["policies"][policy] = {"status": "skipped", "reason": reason}
+                continue
+            run = run_talk(policy, [f["path"] for f in files], workdir, args)
+            entry = {"status": "ok", "wall_s": run["wall_s"], "command": run["cmd"]}
+            if run["rc"] != 0 or run["timeline"] is None:
+                err = (run["stderr"].strip().splitlines() or ["(no message)"])[-1]
+                entry.update(status="failed", rc=run["rc"], error=err)
+            if run["timeline"] is not None:
+                entry.update(score_set(files, run["timeline"]))
+            result["policies"][policy] = entry
+    result["machine"]["load_avg_after"] = [round(x, 2) for x in os.getloadavg()]
+    return result
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--policies", default=",".join(POLICIES),
+    parser.add_argument("--policies", default=None,
                         help="comma-separated --end-of-turn values to run (default fixed,smart; smart is "
                              "reported as skipped when its packages are missing)")
-    parser.add_argument("--dir", default=str(turn_taking_set.DEFAULT_DIR), help="where the set is cached")
+    parser.add_argument("--set", help="a labelled folder of recordings (labels.csv + WAVs), e.g. "
+                                      "../shared/data/turns-human; default policies then fixed,auto")
+    parser.add_argument("--dir", default=str(turn_taking_set.DEFAULT_DIR), help="where the espeak set is cached")
     parser.add_argument("--limit", type=int, help="only the first N sentences (2N items)")
     parser.add_argument("--model", default="demo")
     parser.add_argument("--device", default="cpu", help="talk's --device (default cpu: the CPU demo)")
@@ -378,10 +543,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep", help="keep the talk timelines and reply WAVs in this folder")
     parser.add_argument("--out", help="also write the JSON here (e.g. bench/results/turn_taking.json)")
     args = parser.parse_args(argv)
-    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    default = "fixed,auto" if args.set else "fixed,smart"
+    policies = [p.strip() for p in (args.policies or default).split(",") if p.strip()]
     for p in policies:
         if p not in POLICIES:
             parser.error(f"unknown policy {p!r}; known: {', '.join(POLICIES)}")
+    if args.set:
+        try:
+            result = bench_set(args, policies)
+        except ValueError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        return _report(result, args)
 
     manifest = turn_taking_set.ensure_set(args.dir, args.limit)
     items = manifest["items"]
@@ -418,6 +591,10 @@ def main(argv: list[str] | None = None) -> int:
             "smart_median_le_300ms": s_med is not None and s_med <= 300.0,
             "smart_false_endpoints_at_most_half": s_fe <= f_fe / 2.0,
         }
+    return _report(result, args)
+
+
+def _report(result: dict, args) -> int:
     text = json.dumps(result, indent=2)
     if args.out:
         out = Path(args.out)

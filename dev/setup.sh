@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Set up OmniDesk in ./.venv on a fresh Linux machine.
 #   dev/setup.sh          the app and its runtime dependencies
+#                         (with the end-of-turn model: onnxruntime + the pipecat-ai wheel's Smart Turn file)
 #   dev/setup.sh --test   the same plus the test dependencies (pytest, pytest-qt, transformers and kyutai's
-#                         moshi as the oracles) and the optional end-of-turn model (onnxruntime + the
-#                         pipecat-ai wheel's Smart Turn file)
+#                         moshi as the oracles)
 # System libraries (PortAudio for the audio devices, the libraries Qt needs) are
 # installed with apt-get when running as root and missing; otherwise it says
 # what to install.
@@ -54,11 +54,14 @@ if [ "${1:-}" = "--test" ]; then
   # What its model code imports is added here.
   .venv/bin/python -m pip install -q "einops>=0.7" "sentencepiece>=0.2"
   [ -d .venv/oracles/moshi ] || .venv/bin/python -m pip install -q --no-deps --target .venv/oracles "moshi==0.2.13"
-  # The end-of-turn model, light: onnxruntime runs it, the pipecat-ai wheel only carries its file
-  # (OmniDesk never imports pipecat, so its dependencies stay out).  The tests cover both with and
-  # without it (they hide it where they need the fixed rule).
-  .venv/bin/python -c 'import onnxruntime' 2>/dev/null || .venv/bin/python -m pip install -q "onnxruntime>=1.17"
-  .venv/bin/python -c 'import importlib.metadata as m; m.distribution("pipecat-ai")' 2>/dev/null \
-    || .venv/bin/python -m pip install -q --no-deps "pipecat-ai>=1.0"
 fi
+# The end-of-turn model (the default "auto" uses it), light: onnxruntime runs it, the pipecat-ai wheel
+# only carries its file (OmniDesk never imports pipecat, so its dependencies stay out).  Where either
+# cannot be installed the app runs the silence rule and says why (doctor, the window).  The tests
+# cover both with and without it (they hide it where they need the fixed rule).
+.venv/bin/python -c 'import onnxruntime' 2>/dev/null || .venv/bin/python -m pip install -q "onnxruntime>=1.17" \
+  || echo "warning: onnxruntime could not be installed: end of turn falls back to the 400 ms silence rule" >&2
+.venv/bin/python -c 'import importlib.metadata as m; m.distribution("pipecat-ai")' 2>/dev/null \
+  || .venv/bin/python -m pip install -q --no-deps "pipecat-ai>=1.0" \
+  || echo "warning: the Smart Turn model file (pipecat-ai) could not be installed: end of turn falls back to the 400 ms silence rule" >&2
 echo "ready: .venv/bin/omnidesk"

@@ -519,3 +519,35 @@ def test_the_overlay_never_covers_the_banners_and_reopens_only_where_it_was_on_s
         assert settings.overlay_pos == (free[0] + 30, free[1] + 10)
     finally:
         close_window(w)
+
+
+def test_the_window_says_which_end_of_turn_detector_runs_and_why(qtbot, settings, tmp_path, demo_dir, monkeypatch):
+    """Auto runs Smart Turn where it is installed; where it is not, the window says the silence rule
+    runs and what is missing."""
+    import importlib.util
+
+    from omnidesk.engine.smart_turn import SmartTurn, TurnModelUnavailable
+
+    settings.end_of_turn = "auto"
+    installed = SmartTurn.available()
+    w = open_window(qtbot, settings, tmp_path, str(demo_dir))
+    wait_listening(qtbot, w)
+    assert w.end_of_turn_status.text() == ("In use: Smart Turn model" if installed else
+                                           w._end_of_turn_in_use(w.session))
+    if not installed:
+        assert "silence" in w.end_of_turn_status.text() and "not available" in w.end_of_turn_status.text()
+    close_window(w)
+
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "onnxruntime" else real_find_spec(name, *a))
+
+    def not_installed(cls, path=None):
+        raise TurnModelUnavailable("onnxruntime is not installed")
+
+    monkeypatch.setattr(SmartTurn, "load", classmethod(not_installed))
+    w = open_window(qtbot, settings, tmp_path, str(demo_dir))
+    wait_listening(qtbot, w)
+    text = w.end_of_turn_status.text()
+    assert text.startswith("In use: silence (400 ms). Smart Turn is not available") and "onnxruntime" in text
+    close_window(w)

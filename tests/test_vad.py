@@ -241,7 +241,7 @@ class ScriptedJudge:
 
     def submit(self, audio):
         self.submitted.append(audio.size / SR)
-        self._due = [self.delay, self.verdicts.pop(0) if self.verdicts else 0.5]
+        self._due = [self.delay, self.verdicts.pop(0) if self.verdicts else UNSURE]
 
     def poll(self):
         if self._due is None:
@@ -254,6 +254,10 @@ class ScriptedJudge:
 
     def discard(self):
         self._due = None
+
+
+FIRST_SCORE_S = EndpointerConfig().turn_min_silence_ms / 1000  # the pause at which it is first scored
+UNSURE = (EndpointerConfig().turn_complete + EndpointerConfig().turn_incomplete) / 2
 
 
 def judged(verdicts, delay=0, **config):
@@ -272,8 +276,9 @@ def test_a_complete_verdict_ends_the_turn_at_the_first_score():
     score, end = _scores(ev)[0], ev[-1][1]
     assert score.decision == "complete" and score.p_complete == 0.93 and score.cpu_ms == 1.5
     assert end.by == "model" and not end.forced
-    # scored once 160 ms of silence were there, and ended on that frame: far before the 400 ms rule
-    assert score.silence_ms == pytest.approx(160.0, abs=40.0)
+    # scored once turn_min_silence_ms of silence were there, and ended on that frame: far before
+    # the 400 ms rule
+    assert score.silence_ms == pytest.approx(1000 * FIRST_SCORE_S, abs=40.0)
     assert end.t_endpoint - end.t_speech_end == pytest.approx(score.silence_ms / 1000, abs=DT)
     assert end.t_endpoint - end.t_speech_end < 0.4
     assert len(judge.submitted) == 1 and judge.submitted[0] >= 1.0  # the utterance so far, speech included
@@ -287,21 +292,31 @@ def test_an_incomplete_verdict_waits_out_a_long_pause_and_rescored_pauses_can_en
     assert type(end).__name__ == "Endpoint" and end.by == "silence"
     assert end.t_endpoint - end.t_speech_end == pytest.approx(1.5, abs=DT)
     silences = [s.silence_ms for s in _scores(ev)]
-    assert silences[0] == pytest.approx(160, abs=40) and all(b - a >= 200 for a, b in zip(silences, silences[1:]))
+    assert silences[0] == pytest.approx(1000 * FIRST_SCORE_S, abs=40) and all(b - a >= 200 for a, b in zip(silences, silences[1:]))
     assert all(s.decision == "incomplete" for s in _scores(ev))
     # a later "complete" ends the pause where it is scored
     ep, _ = judged([0.1, 0.95])
     ev = run(ep, signal(("s", 0.4), ("t", 1.0), ("s", 2.0)))
     end = ev[-1][1]
-    assert end.by == "model" and end.t_endpoint - end.t_speech_end == pytest.approx(0.16 + 0.2, abs=DT)
+    assert end.by == "model" and end.t_endpoint - end.t_speech_end == pytest.approx(FIRST_SCORE_S + 0.2, abs=DT)
 
 
 def test_an_unsure_verdict_leaves_it_to_the_silence_rule():
-    ep, _ = judged([0.5, 0.5])
+    ep, _ = judged([UNSURE, UNSURE])
     ev = run(ep, signal(("s", 0.4), ("t", 1.0), ("s", 1.0)))
     end = ev[-1][1]
     assert end.by == "silence" and end.t_endpoint - end.t_speech_end == pytest.approx(0.4, abs=DT)
     assert [s.decision for s in _scores(ev)] == ["unsure", "unsure"]
+
+
+def test_an_unsure_score_after_not_finished_keeps_waiting():
+    """The model drifts towards "complete" as a pause grows; once a pause was judged not finished,
+    a later unsure score does not hand it to the silence rule (long past its 400 ms)."""
+    ep, _ = judged([0.1, UNSURE, UNSURE, UNSURE, UNSURE, UNSURE, UNSURE])
+    ev = run(ep, signal(("s", 0.4), ("t", 1.0), ("s", 2.0)))
+    end = ev[-1][1]
+    assert end.by == "silence" and end.t_endpoint - end.t_speech_end == pytest.approx(1.5, abs=DT)
+    assert len(_scores(ev)) >= 3 and all(s.decision == "incomplete" for s in _scores(ev))
 
 
 def test_speech_after_a_pause_drops_its_verdict_and_a_slow_score_lands_when_ready():
@@ -312,8 +327,8 @@ def test_speech_after_a_pause_drops_its_verdict_and_a_slow_score_lands_when_read
     assert len(judge.submitted) == 2 and len(scores) == 1  # the first verdict was dropped at the resume
     end = ev[-1][1]
     assert end.by == "model" and scores[0].t == end.t_endpoint
-    # it arrived two frames after its submission: at ~160 ms + 2 frames of silence
-    assert end.t_endpoint - end.t_speech_end == pytest.approx(0.16 + 2 * DT, abs=DT)
+    # it arrived two frames after its submission: at turn_min_silence_ms + 2 frames of silence
+    assert end.t_endpoint - end.t_speech_end == pytest.approx(FIRST_SCORE_S + 2 * DT, abs=DT)
 
 
 def test_turn_thresholds_are_checked():
@@ -341,6 +356,13 @@ def test_speech_end_is_where_the_voice_stopped_not_where_the_detector_let_go():
 
     voice_end = 0.4 + 1.0
     x = signal(("s", 0.4), ("t", 1.0), ("s", 1.0))
+    # The end-of-turn judge's pause counts from the detector's last speech frame, as the fixed
+    # rule's (counted from the voice, comma pauses were scored sooner and cut in more often).
+    judge = ScriptedJudge([0.95])
+    ev = run(Endpointer(Holding(), EndpointerConfig(), SR, judge=judge), x)
+    score, end = _scores(ev)[0], ev[-1][1]
+    assert end.by == "model" and end.t_speech_end == pytest.approx(voice_end)
+    assert end.t_endpoint - voice_end == pytest.approx(0.12 + FIRST_SCORE_S, abs=DT)
     ev = run(Endpointer(Holding(), EndpointerConfig(), SR), x)
     assert kinds(ev) == ["SpeechOnset", "SpeechStart", "Pause", "Endpoint"]
     (_, pause), (_, end) = ev[2], ev[3]

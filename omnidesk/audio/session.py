@@ -77,10 +77,10 @@ class LiveSettings:
     # end of turn (omnidesk.engine.turn_judge): "auto" = the Smart Turn model when installed, else the
     # fixed silence rule; "smart"; "fixed".  Thresholds: see EndpointerConfig.
     end_of_turn: str = "auto"
-    turn_complete: float = 0.7
-    turn_incomplete: float = 0.3
-    turn_min_silence_ms: float = 160.0
-    turn_max_wait_ms: float = 1500.0
+    turn_complete: float = EndpointerConfig.turn_complete
+    turn_incomplete: float = EndpointerConfig.turn_incomplete
+    turn_min_silence_ms: float = EndpointerConfig.turn_min_silence_ms
+    turn_max_wait_ms: float = EndpointerConfig.turn_max_wait_ms
 
     def endpointer_config(self) -> EndpointerConfig:
         return EndpointerConfig(speech_start_ms=self.speech_start_ms, barge_in_start_ms=self.barge_in_confirm_ms,

@@ -85,6 +85,12 @@ class WebRtcVAD:
                 f"frame of {x.size} samples; WebRtcVAD needs exactly {self.frame_samples} samples "
                 f"({FRAME_MS} ms at {self.sample_rate} Hz)")
         pcm = (np.clip(x, -1.0, 1.0) * 32767.0).astype("<i2")
+        if not pcm.any():
+            # Digital silence (talk's gaps between inputs, a muted or starting stream) is not speech,
+            # and webrtcvad is not shown it: its noise model would settle at zero, and the next real
+            # noise floor is then called speech for up to ~1.5 s (recorded turns played after a gap
+            # ended 0.9-2 s after the speech instead of ~0.5 s).
+            return False
         h = self._half
         # Evaluate both halves (no short-circuit) so the VAD's internal state
         # sees the whole stream.

@@ -172,9 +172,13 @@ async def run_script(executor: Executor, script: Script, config: EngineConfig, t
     try:
         for _ in range(int(round(LEAD_SILENCE_S / FRAME_S))):
             await tick(silence)
+        # Where each input was played on the session clock: a turn belongs to the input its speech
+        # started in (bench/turn_taking.py maps labelled files to turns with it).
+        played = timeline.extra.setdefault("inputs", [])
         for utterance in script.inputs:
             if script.no_vad:
                 endpointer.begin(t)
+            played.append({"start_s": round(t, 6), "end_s": round(t + utterance.size / rate_in, 6)})
             padded = np.concatenate([utterance, np.zeros((-utterance.size) % frame_in, np.float32)])
             for i in range(0, padded.size, frame_in):
                 await tick(padded[i:i + frame_in])

@@ -78,6 +78,22 @@ class SmartTurnJudge:
             self._pool.shutdown(wait=False, cancel_futures=True)
 
 
+def smart_turn_missing() -> str | None:
+    """Why "auto" would run the silence rule here (what to install or repair), or None when the
+    Smart Turn model is there.  Cheap: no hashing, no session (for the window's status line)."""
+    import importlib.util
+
+    from .smart_turn import INSTALL_ORT, TurnModelUnavailable, bundled_model
+
+    if importlib.util.find_spec("onnxruntime") is None:
+        return f"onnxruntime is not installed: {INSTALL_ORT}"
+    try:
+        bundled_model(verify=False)
+    except TurnModelUnavailable as e:
+        return str(e)
+    return None
+
+
 def make_judge(choice: str = "auto", blocking: bool = False) -> SmartTurnJudge | None:
     """The judge for an end-of-turn setting: None for "fixed", or for "auto" when Smart Turn is
     not installed (logged once).  "smart" raises TurnModelUnavailable (it says what to install)."""
@@ -97,4 +113,4 @@ def make_judge(choice: str = "auto", blocking: bool = False) -> SmartTurnJudge |
     return SmartTurnJudge(model, blocking=blocking)
 
 
-__all__ = ["END_OF_TURN_CHOICES", "SmartTurnJudge", "make_judge"]
+__all__ = ["END_OF_TURN_CHOICES", "SmartTurnJudge", "make_judge", "smart_turn_missing"]

@@ -107,6 +107,11 @@ class FileMicSession:
         if self._thread is not None:
             self._thread.stop()
 
+    @property
+    def end_of_turn(self) -> str:
+        """The end-of-turn detector deciding this session's turns: "fixed" or the judge's name."""
+        return self._judge.name if self._judge is not None else "fixed"
+
     def say(self, audio: np.ndarray) -> None:
         """Queue one utterance (mono float32 at the model's input rate, :func:`session_rate`: 16 kHz
         for Qwen, 24 kHz for Moshi) for the microphone; it starts at once if nothing else is being

@@ -247,6 +247,9 @@ class MainWindow(QMainWindow):
         self.end_of_turn_picker.setToolTip(END_OF_TURN_TIP)
         self.end_of_turn_picker.activated.connect(self._on_end_of_turn_changed)
         form.addRow("&End of turn", self.end_of_turn_picker)
+        self.end_of_turn_status = QLabel("")  # which detector the running session uses, and why
+        self.end_of_turn_status.setWordWrap(True)
+        form.addRow("", self.end_of_turn_status)
         buttons = QHBoxLayout()
         self.mute_button = QPushButton("M&ute")
         self.mute_button.setCheckable(True)
@@ -656,6 +659,21 @@ class MainWindow(QMainWindow):
             self.settings.output_device = value
             self.open_session()
 
+    def _end_of_turn_in_use(self, session) -> str:
+        """The status line under End of turn: the detector this session runs, and why not the model."""
+        if self.duplex_model:
+            return "In use: the model (it decides itself when to talk)"
+        detector = getattr(session, "end_of_turn", "fixed")
+        if detector != "fixed":
+            return "In use: Smart Turn model"
+        if self.settings.end_of_turn == "auto":
+            from omnidesk.engine.turn_judge import smart_turn_missing
+
+            why = smart_turn_missing()
+            if why:
+                return f"In use: silence (400 ms). Smart Turn is not available: {why}"
+        return "In use: silence (400 ms)"
+
     def _on_end_of_turn_changed(self, index: int) -> None:
         value = self.end_of_turn_picker.itemData(index)
         if value != self.settings.end_of_turn:
@@ -706,6 +724,7 @@ class MainWindow(QMainWindow):
         self.conversation.open(kind, self.loaded, live_settings(self.settings), self.engine_config)
 
     def _on_session_started(self, session) -> None:
+        self.end_of_turn_status.setText(self._end_of_turn_in_use(session))
         session.set_muted(self.mute_button.isChecked())
         session.set_push_to_talk(self.push_to_talk_on())
         session.set_headphones(self.settings.headphones)

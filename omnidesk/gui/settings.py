@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from PySide6.QtCore import QByteArray, QSettings
 
+from omnidesk.engine.vad import EndpointerConfig
+
 ORGANIZATION = "OmniDesk"
 APPLICATION = "OmniDesk"
 
@@ -140,16 +142,16 @@ class Settings:
     @property
     def turn_complete(self) -> float:
         """Smart Turn probability at or above which a pause ends the turn at once."""
-        return self._get("turn/complete", 0.7, float)
+        return self._get("turn/complete", EndpointerConfig.turn_complete, float)
 
     @property
     def turn_incomplete(self) -> float:
         """Smart Turn probability at or below which a pause is waited out (up to turn_max_wait_ms)."""
-        return self._get("turn/incomplete", 0.3, float)
+        return self._get("turn/incomplete", EndpointerConfig.turn_incomplete, float)
 
     @property
     def turn_max_wait_ms(self) -> int:
-        return self._get("turn/max_wait_ms", 1500, int)
+        return self._get("turn/max_wait_ms", int(EndpointerConfig.turn_max_wait_ms), int)
 
     # interruption testing and overlay ---------------------------------------------
     @property

@@ -1,0 +1,130 @@
+"""End of turn on recorded human speech (../shared/data/turns-human, read in place, never copied).
+
+The files go through what the product runs: WebRTC VAD -> Endpointer (-> Smart Turn, scored
+inline as ``talk --fast`` does).  A live microphone's detector has always heard the room's noise
+floor before the user speaks, so the detector is warmed on the file's own floor (its first
+100 ms) first.  Margins, not exact scores: the checks are on which side of the labelled speech end
+a decision falls, and within how long.
+"""
+
+from __future__ import annotations
+
+import csv
+import wave
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("webrtcvad")
+
+from omnidesk.audio.vad import WebRtcVAD  # noqa: E402
+from omnidesk.engine.vad import Endpoint, Endpointer, EndpointerConfig  # noqa: E402
+
+SET_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "turns-human"
+SR, FRAME = 16000, 640
+
+
+@pytest.fixture(scope="module")
+def labels() -> dict[str, dict]:
+    if not (SET_DIR / "labels.csv").is_file():
+        pytest.skip(f"the recorded human turns are not here: {SET_DIR} (see bench/README.md, turn_taking.py --set)")
+    with (SET_DIR / "labels.csv").open(newline="") as f:
+        return {r["file"]: r for r in csv.DictReader(f)}
+
+
+def read(name: str) -> np.ndarray:
+    with wave.open(str(SET_DIR / name)) as w:
+        assert w.getframerate() == SR and w.getnchannels() == 1
+        return np.frombuffer(w.readframes(w.getnframes()), np.int16).astype(np.float32) / 32768
+
+
+def endpoints(endpointer: Endpointer, audio: np.ndarray, t0: float = 0.0) -> list[Endpoint]:
+    """Push ``audio`` in 40 ms frames from session time ``t0``; the endpoints, resetting after each."""
+    out = []
+    audio = np.concatenate([audio, np.zeros((-audio.size) % FRAME, np.float32)])
+    for i in range(0, audio.size, FRAME):
+        for ev in endpointer.push(audio[i:i + FRAME], t0 + i / SR):
+            if isinstance(ev, Endpoint):
+                out.append(ev)
+                endpointer.reset()
+    return out
+
+
+@pytest.mark.parametrize("name", ["turn_a07.wav", "turn_a19.wav", "turn_a13.wav"])
+def test_digital_silence_before_a_turn_does_not_stretch_its_endpoint(labels, name):
+    """talk plays inputs after digital silence.  webrtcvad shown those zeros settled its noise model at
+    zero and called the next noise floor speech: these turns ended 0.9-1.6 s after the speech, not
+    ~0.5 s.  Zeros are not shown to it now, and the fixed 400 ms rule ends each one in time."""
+    x = read(name)
+    ep = Endpointer(WebRtcVAD(), EndpointerConfig(), SR)
+    lead = 3.0
+    ends = endpoints(ep, np.concatenate([np.zeros(int(lead * SR), np.float32), x]))
+    speech_end = lead + float(labels[name]["speech_end_s"])
+    assert len(ends) == 1, ends
+    assert 0.3 <= ends[0].t_endpoint - speech_end <= 0.7, (ends[0], speech_end)
+
+
+@pytest.fixture(scope="module")
+def judge():
+    from omnidesk.engine.turn_judge import make_judge
+
+    pytest.importorskip("onnxruntime", reason="optional: pip install onnxruntime")
+    j = make_judge("auto", blocking=True)
+    if j is None:
+        pytest.skip("Smart Turn is not installed (dev/setup.sh installs it)")
+    yield j
+    j.close()
+
+
+def conversation(labels, judge) -> dict[str, list[Endpoint]]:
+    """Every file of the set in order through ONE detector, as talk plays them (0.6 s of digital
+    silence between): each file's endpoints, times from the file's start."""
+    vad = WebRtcVAD()
+    out = {}
+    for name in labels:
+        ep = Endpointer(vad, EndpointerConfig(), SR, judge=judge)
+        out[name] = endpoints(ep, read(name))
+        endpoints(ep, np.zeros(int(0.6 * SR), np.float32))
+    return out
+
+
+def cut_ins(labels, ends: dict[str, list[Endpoint]]) -> tuple[int, int]:
+    """(early cut-ins, all cut-ins): a turn ended before the labelled speech end, or inside the
+    trailing 1.5 s of a cut-off sentence."""
+    early = total = 0
+    for name, row in labels.items():
+        speech_end = float(row["speech_end_s"])
+        is_early = any(e.t_endpoint < speech_end for e in ends[name])
+        false = row["label"] == "pause" and any(speech_end <= e.t_endpoint < speech_end + 1.5 for e in ends[name])
+        early += is_early
+        total += is_early or false
+    return early, total
+
+
+@pytest.fixture(scope="module")
+def judged(labels, judge):
+    return conversation(labels, judge)
+
+
+def test_finished_sentences_are_answered_by_the_model_well_before_the_silence_rule(labels, judged):
+    complete = [n for n, r in labels.items() if r["label"] == "complete"]
+    by_model = []
+    for name in complete:
+        speech_end = float(labels[name]["speech_end_s"])
+        last = judged[name][-1]
+        assert last.t_endpoint >= speech_end, (name, judged[name])
+        if last.by == "model" and last.t_endpoint - speech_end <= 0.35:
+            by_model.append(name)
+    # 15 of 15 when this was written; the silence rule needs ~520 ms
+    assert len(by_model) >= len(complete) - 3, sorted(set(complete) - set(by_model))
+
+
+def test_the_model_cuts_in_no_more_than_the_silence_rule(labels, judged):
+    """Under the first settings, measured on a detector started cold on each file, the model cut
+    in mid-sentence (comma pauses it calls complete) on 13 of the 30 turns and 23 in all, the
+    silence rule on 18.  Margins: a few either way."""
+    early, total = cut_ins(labels, judged)
+    fixed_early, fixed_total = cut_ins(labels, conversation(labels, None))
+    assert early <= 6, early
+    assert total <= fixed_total + 1, (total, fixed_total)
