@@ -10,6 +10,7 @@ a decision falls, and within how long.
 from __future__ import annotations
 
 import csv
+import json
 import wave
 from pathlib import Path
 
@@ -128,3 +129,56 @@ def test_the_model_cuts_in_no_more_than_the_silence_rule(labels, judged):
     fixed_early, fixed_total = cut_ins(labels, conversation(labels, None))
     assert early <= 6, early
     assert total <= fixed_total + 1, (total, fixed_total)
+
+
+# ---------------------------------------------------------------- bench/turn_taking.py --set
+
+
+@pytest.fixture(scope="module")
+def bench():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "turn_taking_bench", Path(__file__).resolve().parents[1] / "bench" / "turn_taking.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def small_set(folder: Path, labels, names) -> Path:
+    """A labelled folder of a few of the set's files (links to them, in a temp dir: nothing copied)."""
+    folder.mkdir()
+    rows = [labels[n] for n in names]
+    with (folder / "labels.csv").open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    for n in names:
+        (folder / n).symlink_to(SET_DIR / n)
+    (folder / "README.md").write_text("| file | label | speaker |\n|---|---|---|\n"
+                                      + "".join(f"| {n} | {labels[n]['label']} | S{i % 2} |\n" for i, n in enumerate(names)))
+    return folder
+
+
+def test_bench_set_runs_talk_and_scores_each_file(labels, bench, tmp_path, capsys):
+    folder = small_set(tmp_path / "set", labels, ["turn_a13.wav", "turn_a29.wav", "turn_a20.wav"])
+    out = tmp_path / "tt.json"
+    assert bench.main(["--set", str(folder), "--policies", "fixed", "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert json.loads(capsys.readouterr().out) == result
+    fixed = result["policies"]["fixed"]
+    assert fixed["status"] == "ok" and fixed["detector"] == "silence" and fixed["files"] == 3
+    # the silence rule ends the cut-off sentence in its 1.5 s of silence: one false endpoint
+    assert (fixed["cut_ins"], fixed["early_cutins"], fixed["false_endpoints"], fixed["missed"]) == (1, 0, 1, 0)
+    assert 300 <= fixed["endpoint_ms"]["median"] <= 700 and fixed["cpu_ms_per_score"] is None
+    assert set(fixed["per_speaker"]) == {"S0", "S1"}
+    assert sum(s["files"] for s in fixed["per_speaker"].values()) == 3
+    assert [r["file"] for r in fixed["files_detail"]] == ["turn_a13.wav", "turn_a29.wav", "turn_a20.wav"]
+
+
+def test_bench_set_names_what_is_wrong_with_a_folder(bench, tmp_path, capsys):
+    assert bench.main(["--set", str(tmp_path), "--policies", "fixed"]) == 2
+    assert "no labels.csv" in capsys.readouterr().err
+    (tmp_path / "labels.csv").write_text("file,label,speech_end_s\nx.wav,maybe,1.0\n")
+    assert bench.main(["--set", str(tmp_path), "--policies", "fixed"]) == 2
+    assert "line 2: label must be complete or pause" in capsys.readouterr().err
