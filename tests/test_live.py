@@ -9,6 +9,7 @@ through differences, with tolerances for the device latencies (about 0.1-0.3 s e
 
 from __future__ import annotations
 
+import csv
 import sys
 import threading
 import time
@@ -422,3 +423,49 @@ def test_headphones_mode_runs_without_the_echo_canceller_library(pulse_server, e
         wait_for(lambda: session.frames >= 25, 15, "the microphone stream to run")
     finally:
         session.close()
+
+
+def test_a_pause_mid_sentence_is_waited_through_and_the_end_is_answered(pulse_server, executor):
+    """Recorded human speech live (../shared/data/turns-human, read in place): a sentence cut at a
+    word gap (turn_a05: "... with its"), 700 ms of the recording's own silence, then a finished
+    sentence by the same speaker (turn_a20).  With the default end of turn (Smart Turn where it
+    is installed) the pause is not answered; the finished sentence is, by the model."""
+    from omnidesk.engine.smart_turn import SmartTurn
+
+    human = Path(__file__).resolve().parents[2] / "shared" / "data" / "turns-human"
+    if not (human / "labels.csv").is_file():
+        pytest.skip(f"the recorded human turns are not here: {human}")
+    if not SmartTurn.available():
+        pytest.skip("Smart Turn is not installed (dev/setup.sh installs it)")
+    labels = {r["file"]: r for r in csv.DictReader((human / "labels.csv").open(newline=""))}
+    cut, rate = sf.read(str(human / "turn_a05.wav"), dtype="float32")
+    finished, _ = sf.read(str(human / "turn_a20.wav"), dtype="float32")
+    assert rate == REC_RATE
+    cut = cut[: int((float(labels["turn_a05.wav"]["speech_end_s"]) + 0.7) * rate)]
+    clip = np.concatenate([cut, finished])
+    rec = Recorder()
+    session = start_session(executor, rec, end_of_turn="auto")
+    marks = {}
+
+    def script():
+        marks["start"] = time.monotonic()
+        pulse_server.play_into_mic(clip, REC_RATE)
+        marks["end"] = time.monotonic()
+
+    try:
+        audio, _ = pulse_server.record(clip.size / rate + 6.0, rate=REC_RATE, during=script)
+        t_rec = pulse_server.last_recording_start
+        wait_for(lambda: session.engine.idle and session.timeline.turns, 20, "the reply to finish")
+    finally:
+        session.close()
+    turns = session.timeline.turns
+    assert len(turns) == 1, [(t.user_speech_start, t.user_speech_end, t.endpoint) for t in turns]
+    turn = turns[0]
+    assert turn.extra["end_of_turn"]["ended_by"] == "model", turn.extra["end_of_turn"]
+    # one turn over both parts: it began with the cut sentence and ended with the finished one
+    assert turn.user_speech_end - turn.user_speech_start > cut.size / rate
+    loud = audible_blocks(audio)
+    assert loud.any(), "the finished sentence was not answered"
+    onset_wall = t_rec + np.flatnonzero(loud)[0] * BLOCK / REC_RATE
+    finished_end = marks["start"] + (cut.size / rate + float(labels["turn_a20.wav"]["speech_end_s"]))
+    assert onset_wall > finished_end - 0.05, "a reply played before the finished sentence ended"
