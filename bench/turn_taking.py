@@ -353,12 +353,14 @@ def analyse(items: list[dict], timeline: dict) -> dict:
     return out
 
 
-def bench_policy(policy: str, items: list[dict], workdir: Path, args) -> dict:
+def run_policy(policy: str, paths: list[str], score, workdir: Path, args) -> dict:
+    """One talk run of ``policy`` over ``paths``; ``score(timeline)`` gives its figures (merged into
+    the entry, also for a run that failed part-way and left a timeline)."""
     if policy == "smart":
         reason = smart_unavailable()
         if reason:
             return {"status": "skipped", "reason": reason}
-    run = run_talk(policy, [it["path"] for it in items], workdir, args)
+    run = run_talk(policy, paths, workdir, args)
     result = {"status": "ok", "wall_s": run["wall_s"], "command": run["cmd"]}
     if run["rc"] != 0 or run["timeline"] is None:
         err = (run["stderr"].strip().splitlines() or ["(no message)"])[-1]
@@ -367,10 +369,28 @@ def bench_policy(policy: str, items: list[dict], workdir: Path, args) -> dict:
         result.update(status="failed", rc=run["rc"], error=err, stdout_tail=run["stdout"][-2000:])
         if run["timeline"] is None:
             return result
-    result.update(analyse(items, run["timeline"]))
+    result.update(score(run["timeline"]))
     if args.keep:
         result["timeline_path"] = str(workdir / f"timeline-{policy}.json")
     return result
+
+
+def bench_policy(policy: str, items: list[dict], workdir: Path, args) -> dict:
+    """The espeak set's run of one policy."""
+    return run_policy(policy, [it["path"] for it in items], lambda timeline: analyse(items, timeline), workdir, args)
+
+
+def talk_settings(args) -> dict:
+    return {"model": args.model, "device": args.device, "vad": args.vad, "fast": not args.realtime,
+            "max_codec_tokens": args.max_codec_tokens, "frame_s": FRAME_S, "gap_s": GAP_S}
+
+
+def run_policies(policies: list[str], args, run_one) -> dict:
+    """{policy: run_one(policy, workdir)}, in a temp folder (or --keep's)."""
+    with tempfile.TemporaryDirectory(prefix="omnidesk-turn-bench-") as tmp:
+        workdir = Path(args.keep) if args.keep else Path(tmp)
+        workdir.mkdir(parents=True, exist_ok=True)
+        return {policy: run_one(policy, workdir) for policy in policies}
 
 
 # ------------------------------------------------------------------ a labelled folder (--set)
@@ -500,25 +520,11 @@ def bench_set(args, policies: list[str]) -> dict:
                 "complete": sum(f["label"] == "complete" for f in files),
                 "pause": sum(f["label"] == "pause" for f in files),
                 "speakers": sorted({f["speaker"] for f in files})},
-        "talk": {"model": args.model, "device": args.device, "vad": args.vad, "fast": not args.realtime,
-                 "max_codec_tokens": args.max_codec_tokens, "frame_s": FRAME_S, "gap_s": GAP_S},
-        "policies": {},
+        "talk": talk_settings(args),
     }
-    with tempfile.TemporaryDirectory(prefix="omnidesk-turn-bench-") as tmp:
-        workdir = Path(args.keep) if args.keep else Path(tmp)
-        workdir.mkdir(parents=True, exist_ok=True)
-        for policy in policies:
-            if policy == "smart" and (reason := smart_unavailable()):
-                result["policies"][policy] = {"status": "skipped", "reason": reason}
-                continue
-            run = run_talk(policy, [f["path"] for f in files], workdir, args)
-            entry = {"status": "ok", "wall_s": run["wall_s"], "command": run["cmd"]}
-            if run["rc"] != 0 or run["timeline"] is None:
-                err = (run["stderr"].strip().splitlines() or ["(no message)"])[-1]
-                entry.update(status="failed", rc=run["rc"], error=err)
-            if run["timeline"] is not None:
-                entry.update(score_set(files, run["timeline"]))
-            result["policies"][policy] = entry
+    paths = [f["path"] for f in files]
+    result["policies"] = run_policies(policies, args, lambda policy, workdir: run_policy(
+        policy, paths, lambda timeline: score_set(files, timeline), workdir, args))
     result["machine"]["load_avg_after"] = [round(x, 2) for x in os.getloadavg()]
     return result
 
@@ -569,15 +575,9 @@ def main(argv: list[str] | None = None) -> int:
                 "incomplete": sum(it["kind"] == "incomplete" for it in items),
                 "voices": sorted({it["voice"] for it in items}), "rates": sorted({it["rate"] for it in items}),
                 "pauses_ms": [it["pause_ms"] for it in items if it["kind"] == "incomplete"]},
-        "talk": {"model": args.model, "device": args.device, "vad": args.vad, "fast": not args.realtime,
-                 "max_codec_tokens": args.max_codec_tokens, "frame_s": FRAME_S, "gap_s": GAP_S},
-        "policies": {},
+        "talk": talk_settings(args),
     }
-    with tempfile.TemporaryDirectory(prefix="omnidesk-turn-bench-") as tmp:
-        workdir = Path(args.keep) if args.keep else Path(tmp)
-        workdir.mkdir(parents=True, exist_ok=True)
-        for policy in policies:
-            result["policies"][policy] = bench_policy(policy, items, workdir, args)
+    result["policies"] = run_policies(policies, args, lambda policy, workdir: bench_policy(policy, items, workdir, args))
     result["machine"]["load_avg_after"] = [round(x, 2) for x in os.getloadavg()]
     fixed, smart = result["policies"].get("fixed"), result["policies"].get("smart")
     if fixed and smart and fixed.get("status") == smart.get("status") == "ok":

@@ -57,6 +57,16 @@ def _run_reply(ex, order="interleaved", seed=0):
     return text, codes, (np.concatenate(audio) if audio else np.zeros(0, np.float32))
 
 
+def _assert_reply_equals_one_shot(stack, ex, wave, prompt):
+    """The greedy reply after the streamed turn equals generate_reply on the whole utterance."""
+    text, codes, _ = _run_reply(ex)
+    ref = generate_reply(stack, wave, thinker_sampling=SamplingParams(greedy=True),
+                         talker_sampling=talker_defaults(stack, greedy=True), max_text_tokens=12, max_codec_tokens=80)
+    assert prompt == ref.prompt_ids
+    assert text == ref.text_ids
+    assert codes == ref.codec_ids
+
+
 @torch.inference_mode()
 def test_listening_in_frames_equals_the_whole_utterance(stack, speech_like):
     """Blocks prefilled while the user speaks (40 ms at a time) give the prompt and reply of the
@@ -64,12 +74,7 @@ def test_listening_in_frames_equals_the_whole_utterance(stack, speech_like):
     wave = speech_like(2.3, seed=5)
     ex = _executor(stack)
     prompt = _user_turn(ex, wave, block=640)  # 40 ms frames, blocks prefilled while "speaking"
-    text, codes, _ = _run_reply(ex)
-    ref = generate_reply(stack, wave, thinker_sampling=SamplingParams(greedy=True),
-                         talker_sampling=talker_defaults(stack, greedy=True), max_text_tokens=12, max_codec_tokens=80)
-    assert prompt == ref.prompt_ids
-    assert text == ref.text_ids
-    assert codes == ref.codec_ids
+    _assert_reply_equals_one_shot(stack, ex, wave, prompt)
 
 
 @torch.inference_mode()
@@ -81,12 +86,7 @@ def test_turn_ending_just_past_a_block_equals_the_whole_utterance(stack, speech_
     wave = speech_like(2.5, seed=11)[: ex.block_samples + margin // 2]
     assert num_frames(len(wave), stack.features) > ex.block_frames  # a block and a bit
     prompt = _user_turn(ex, wave, block=640)
-    text, codes, _ = _run_reply(ex)
-    ref = generate_reply(stack, wave, thinker_sampling=SamplingParams(greedy=True),
-                         talker_sampling=talker_defaults(stack, greedy=True), max_text_tokens=12, max_codec_tokens=80)
-    assert prompt == ref.prompt_ids
-    assert text == ref.text_ids
-    assert codes == ref.codec_ids
+    _assert_reply_equals_one_shot(stack, ex, wave, prompt)
 
 
 @torch.inference_mode()

@@ -153,18 +153,23 @@ class SmartTurn:
         return cls(session, path, source, FeatureConfig(n_mels=shape[1]), shape[2])
 
     @staticmethod
-    def available() -> bool:
-        """Whether :meth:`load` with no path would find onnxruntime and the bundled model file.
+    def missing() -> str | None:
+        """Why :meth:`load` with no path would fail (what to install or repair), or None.
 
         Cheap (no hashing, no session); :meth:`load` is what reports a damaged file.
         """
         if importlib.util.find_spec("onnxruntime") is None:
-            return False
+            return f"onnxruntime is not installed: {INSTALL_ORT}"
         try:
             bundled_model(verify=False)
-        except TurnModelUnavailable:
-            return False
-        return True
+        except TurnModelUnavailable as e:
+            return str(e)
+        return None
+
+    @staticmethod
+    def available() -> bool:
+        """Whether :meth:`load` with no path would find onnxruntime and the bundled model file."""
+        return SmartTurn.missing() is None
 
     def describe(self) -> str:
         """One line for ``omnidesk doctor``: model file, where it came from, onnxruntime version."""

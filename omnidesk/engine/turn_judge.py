@@ -80,18 +80,10 @@ class SmartTurnJudge:
 
 def smart_turn_missing() -> str | None:
     """Why "auto" would run the silence rule here (what to install or repair), or None when the
-    Smart Turn model is there.  Cheap: no hashing, no session (for the window's status line)."""
-    import importlib.util
+    Smart Turn model is there (cheap: for the window's status line)."""
+    from .smart_turn import SmartTurn
 
-    from .smart_turn import INSTALL_ORT, TurnModelUnavailable, bundled_model
-
-    if importlib.util.find_spec("onnxruntime") is None:
-        return f"onnxruntime is not installed: {INSTALL_ORT}"
-    try:
-        bundled_model(verify=False)
-    except TurnModelUnavailable as e:
-        return str(e)
-    return None
+    return SmartTurn.missing()
 
 
 def make_judge(choice: str = "auto", blocking: bool = False) -> SmartTurnJudge | None:
