@@ -180,6 +180,20 @@ def test_unknown_repo(env, hub):
     with pytest.raises(DownloadError) as info:
         download("Org/Nope", endpoint=hub.endpoint, progress=False)
     assert "Org/Nope" in str(info.value) and "not found" in str(info.value)
+    assert "Org/Nope is not one of the repos OmniDesk knows" in str(info.value)  # a typo is compared with the known
+
+
+def test_an_unknown_repo_on_an_unreachable_hub_is_compared_with_the_known_ones(env):
+    """`omnidesk models download Qwen/Qwen2.5-Omni-14B` offline: the name is questioned too, a known repo's is not."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    for repo, questioned in (("Qwen/Qwen2.5-Omni-14B", True), ("Qwen/Qwen2.5-Omni-3B", False)):
+        with pytest.raises(DownloadError) as info:
+            download(repo, endpoint=f"http://127.0.0.1:{port}", progress=False)
+        msg = str(info.value)
+        assert "unreachable" in msg and ("not one of the repos OmniDesk knows" in msg) == questioned, msg
+        assert ("Qwen/Qwen2.5-Omni-3B, Qwen/Qwen2.5-Omni-7B" in msg) == questioned
 
 
 def test_unreachable_endpoint(env):

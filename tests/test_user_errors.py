@@ -207,3 +207,23 @@ def test_talk_says_when_the_utterance_limit_cut_a_turn(capsys, demo, tmp_path):
     rows = [line for line in out.splitlines() if line[:4].strip().isdigit()]
     assert len(rows) == 3 and out.index(rows[-1]) < out.index("wrote ")
     assert all("cut at the utterance limit" in r for r in rows[:2]) and "utterance limit" not in rows[2]
+
+
+# ---------------------------------------------------------------- 7a. the reference model's chatter
+
+@pytest.mark.parametrize("family", ["demo", "qwen3-demo"])
+def test_bench_keeps_the_reference_models_chatter_out_of_the_terminal(capfd, family):
+    """`omnidesk bench` runs transformers' generate on the same checkpoint as its reference: its load
+    report ("MISSING" vision weights), rope-key notes, generation-flag and deprecation warnings and
+    progress bars used to fill ~30 lines of stderr.  Only OmniDesk's own lines are left, and the
+    reference still ran."""
+    import json
+
+    pytest.importorskip("transformers")
+    rc = cli.main(["bench", "--model", family, "--compile", "off", "--turns", "1", "--interrupts", "1"])
+    out, err = capfd.readouterr()
+    assert rc == 0, err
+    assert "generate_s" in json.loads(out)["transformers"]
+    ours = ("model: ", "demo model at ", "decode steps: ", "NOTE: ")
+    others = [line for line in err.splitlines() if line.strip() and not line.startswith(ours)]
+    assert not others, "\n".join(others)

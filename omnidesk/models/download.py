@@ -85,6 +85,16 @@ def _no_telemetry():
             constants.HF_HUB_DISABLE_TELEMETRY = old
 
 
+def _unknown(repo_id: str) -> str:
+    """For a repo id the registry does not know (a typo such as Qwen/Qwen2.5-Omni-14B, or a fine-tune):
+    the known ones, so the user can compare; '' for a known repo."""
+    from .families import RECOMMENDED
+
+    if repo_id in RECOMMENDED:
+        return ""
+    return f": {repo_id} is not one of the repos OmniDesk knows ({', '.join(RECOMMENDED)})"
+
+
 def _describe(repo_id: str, error: BaseException, where: str, cache: Path) -> str:
     from huggingface_hub import errors as hf
 
@@ -103,7 +113,7 @@ def _describe(repo_id: str, error: BaseException, where: str, cache: Path) -> st
         return (f"{repo_id} on {where} is gated: accept its terms on the model page and log in "
                 f"(`hf auth login`), then try again.")
     if isinstance(error, hf.RepositoryNotFoundError):
-        return (f"repository {repo_id} was not found on {where}. Check the name (e.g. Qwen/Qwen2.5-Omni-3B); "
+        return (f"repository {repo_id} was not found on {where}. Check the name{_unknown(repo_id)}; "
                 f"private repos need a login (`hf auth login`).")
     if isinstance(error, hf.RevisionNotFoundError):
         return f"repository {repo_id} on {where} has no 'main' revision."
@@ -111,7 +121,8 @@ def _describe(repo_id: str, error: BaseException, where: str, cache: Path) -> st
         return f"cannot download {repo_id}: HF_HUB_OFFLINE is set. Unset it to allow downloads."
     if isinstance(error, hf.LocalEntryNotFoundError) or _has(error, _UNREACHABLE):
         return (f"cannot download {repo_id}: the endpoint {where} is unreachable (no network, "
-                f"a firewall, or a wrong HF_ENDPOINT).{resume if cache.exists() else ''}")
+                f"a firewall, or a wrong HF_ENDPOINT).{resume if cache.exists() else ''}"
+                + (f" Also check the name{_unknown(repo_id)}." if _unknown(repo_id) else ""))
     detail = f"{type(error).__name__}: {error}".strip()
     return f"download of {repo_id} from {where} stopped ({detail}).{resume}"
 

@@ -23,10 +23,12 @@ Shared by the thinker-talker families: each passes a factory for its executor
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import platform
 import statistics
 import time
+import warnings
 
 import numpy as np
 import torch
@@ -208,6 +210,32 @@ def interrupt_costs(make_executor: Callable, stack, audio: np.ndarray, n: int) -
                     "step in flight, at most one decode step or vocoder chunk, finishes before the rollback"}
 
 
+@contextlib.contextmanager
+def quiet_reference():
+    """Keep the reference model's chatter (deprecation and generation-flag warnings, rope-key notes, the
+    "MISSING" weights load report about its vision tower: ~30 lines about its own layout, not about the
+    user's checkpoint) out of the user's terminal while it loads and generates; transformers' logging,
+    its progress bars and Python's warning filters are restored afterwards.  Exceptions are not
+    touched: a failing reference still says why."""
+    try:
+        from transformers.utils import logging as hf_logging
+    except ImportError:  # no reference to quiet: the family's side says it was skipped
+        yield
+        return
+    level = hf_logging.get_verbosity()
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        hf_logging.set_verbosity(level)
+        if bars:
+            hf_logging.enable_progress_bar()
+
+
 def run(make_executor: Callable, stack, turns: int = 3, interrupts: int = 50,
         transformers_side: Callable | None = None, codes_per_second: float = 50.0) -> dict:
     """The bench JSON for one checkpoint.  ``transformers_side(stack, audio, max_text, max_codec)``
@@ -229,7 +257,8 @@ def run(make_executor: Callable, stack, turns: int = 3, interrupts: int = 50,
         "interrupt": interrupt_costs(make_executor, stack, audio, interrupts),
     }
     if transformers_side is not None:
-        ref = transformers_side(stack, audio, short["max_reply_tokens"], short["max_codec_tokens"])
+        with quiet_reference():
+            ref = transformers_side(stack, audio, short["max_reply_tokens"], short["max_codec_tokens"])
         result["transformers"] = ref
         ours = result["stages"]["first_audio_after_endpoint_ms_no_preemption"]
         if "first_audio_after_endpoint_ms" in ref and ours:

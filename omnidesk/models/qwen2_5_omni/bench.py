@@ -3,9 +3,7 @@ with this family's executor and its transformers reference."""
 
 from __future__ import annotations
 
-import contextlib
 import time
-import warnings
 
 import numpy as np
 import torch
@@ -13,28 +11,6 @@ import torch
 from ..turn_bench import run as run_turn_bench
 from .executor import QwenOmniExecutor
 from .loading import OmniStack
-
-
-@contextlib.contextmanager
-def _quiet_reference():
-    """Keep the reference model's chatter (deprecation warnings, generation-config notes, the "MISSING"
-    weights load report: ~30 lines about its own layout, not about the user's checkpoint) out of the
-    user's terminal while it loads and generates; transformers' logging and Python's warning filters are
-    restored afterwards.  Exceptions are not touched: a failing reference still says why."""
-    from transformers.utils import logging as hf_logging
-
-    level = hf_logging.get_verbosity()
-    bars = hf_logging.is_progress_bar_enabled()
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            yield
-    finally:
-        hf_logging.set_verbosity(level)
-        if bars:
-            hf_logging.enable_progress_bar()
 
 
 def transformers_side(stack: OmniStack, audio: np.ndarray, max_text: int, max_codec: int) -> dict:
@@ -47,8 +23,7 @@ def transformers_side(stack: OmniStack, audio: np.ndarray, max_text: int, max_co
     from omnidesk.models.features import log_mel
     from omnidesk.models.qwen2_5_omni.reply import audio_prompt
 
-    with _quiet_reference():
-        ref = Qwen2_5OmniForConditionalGeneration.from_pretrained(str(stack.path), dtype=torch.float32).eval()
+    ref = Qwen2_5OmniForConditionalGeneration.from_pretrained(str(stack.path), dtype=torch.float32).eval()
     wave = torch.from_numpy(audio)
     ids, _ = audio_prompt(stack, wave)
     feats = log_mel(wave, stack.features)
@@ -61,7 +36,7 @@ def transformers_side(stack: OmniStack, audio: np.ndarray, max_text: int, max_co
     wav = None
     for _ in range(2):
         t0 = time.perf_counter()
-        with torch.inference_mode(), _quiet_reference():
+        with torch.inference_mode():
             _, wav = ref.generate(**inputs, thinker_max_new_tokens=max_text, thinker_do_sample=False,
                                   talker_max_new_tokens=max_codec, talker_eos_token_id=list(talker.stop_ids))
         times.append(time.perf_counter() - t0)
