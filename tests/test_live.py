@@ -459,7 +459,8 @@ def test_a_pause_mid_sentence_is_waited_through_and_the_end_is_answered(pulse_se
     finally:
         session.close()
     turns = session.timeline.turns
-    assert len(turns) == 1, [(t.user_speech_start, t.user_speech_end, t.endpoint) for t in turns]
+    assert len(turns) == 1, [(t.user_speech_start, t.user_speech_end, t.endpoint, t.extra.get("end_of_turn"))
+                             for t in turns]
     turn = turns[0]
     assert turn.extra["end_of_turn"]["ended_by"] == "model", turn.extra["end_of_turn"]
     # one turn over both parts: it began with the cut sentence and ended with the finished one
