@@ -645,6 +645,13 @@ def turn_hops(turn: dict) -> tuple[dict, dict]:
     return hops, values
 
 
+def first_audio_after_start(hops: dict | None) -> float | None:
+    """First audio chunk minus the reply's start (timeline extra ``reply_started``), ms."""
+    if not hops or hops.get("first_audio_chunk") is None or hops.get("reply_started") is None:
+        return None
+    return round(hops["first_audio_chunk"] - hops["reply_started"], 1)
+
+
 def pick_turn(turns: list[dict], indices: list[int]) -> dict | None:
     """The question's turn among those it started: the last one that got a reply playing (a
     question split at a pause has its answer on the last part), else the last one."""
@@ -852,6 +859,11 @@ def summarise(rows: list[dict], raw: dict) -> dict:
         "offline_v2v_ms": stats([r.get("offline_v2v_ms") for r in rows]),
         "live_minus_offline_ms": stats([r.get("live_minus_offline_ms") for r in rows]),
         "acoustic_minus_offline_ms": stats([r.get("acoustic_minus_offline_ms") for r in rows]),
+        # the pipeline's own latency: first audio chunk after the reply's work began (at the pause,
+        # for a speculative start), both on the app's clock
+        "first_audio_after_start_ms": stats([first_audio_after_start(r.get("hops_ms")) for r in rows]),
+        "offline_first_audio_after_start_ms": stats([first_audio_after_start(r.get("offline_hops_ms"))
+                                                     for r in rows]),
         "hops_ms": {k: rnd(median([r["hops_ms"].get(k) for r in rows if "hops_ms" in r])) for k in hop_names},
         "extras_median": {k: rnd(median([r["extras"].get(k) for r in rows if "extras" in r]), 3) for k in extra_names},
         "underruns": sum(reported[k] for k in under_keys) if under_keys else raw.get("alsa_underruns"),

@@ -136,6 +136,52 @@ def test_decimator_holds_back_little_and_keeps_samples_in_place(rate_in, rate_ou
     assert all(gain_db(f) < -79 for f in np.linspace(1.1 * nyq, rate_in / 2, 80))
 
 
+@pytest.mark.parametrize("device_rate,rate,canceller_rate,bypassed", [
+    (48000, 16000, 16000, False),  # Qwen on speakers: device -> 16 kHz, canceller, model
+    (48000, 24000, 48000, False),  # Moshi on speakers: canceller at 48 kHz, then -> 24 kHz
+    (96000, 24000, 48000, True),  # Moshi on headphones from a 96 kHz device: one 4:1 decimation
+])
+def test_each_frame_comes_out_with_the_block_that_holds_its_last_sample(device_rate, rate, canceller_rate,
+                                                                        bypassed):
+    """A decimator holds back ~1.6 ms: frames cut from the first sample were whole only one block
+    (20 ms) after their last sample arrived.  Given the device's block, the path drops a little of
+    the start instead, so that every frame is out with the block that holds its last sample; its
+    stamp is still the ADC time of its first sample, and the samples are the one-shot filter's."""
+    from omnidesk.audio.capture import Decimator
+
+    block = device_rate // 50
+    late = CapturePath(device_rate, rate, canceller_rate, lambda mic, ref: mic)
+    path = CapturePath(device_rate, rate, canceller_rate, lambda mic, ref: mic, block=block)
+    x = np.random.default_rng(0).standard_normal(device_rate).astype(np.float32)
+    t0 = 2.0
+    got, waits, late_waits = [], [], []
+    for b in range(x.size // block):
+        chunk = x[b * block:(b + 1) * block]
+        t_block = t0 + b * block / device_rate
+        for stamp, frame in path.timed(chunk, chunk, bypassed, t_block):
+            last = stamp + (frame.size - 1) / rate  # the frame's last sample, on the device clock
+            waits.append(t_block + block / device_rate - last)  # from it to the end of this block
+            got.append((stamp, frame))
+        for stamp, frame in late.timed(chunk, chunk, bypassed, t_block):
+            late_waits.append(t_block + block / device_rate - (stamp + (frame.size - 1) / rate))
+    assert len(got) >= 20
+    assert max(waits) <= block / device_rate  # out with the block that holds its last sample
+    assert min(late_waits) > block / device_rate  # cut from the first sample: a block later
+    lead = got[0][0] - t0  # what was dropped at the start: less than a frame
+    assert 0 < lead < 0.04
+    np.testing.assert_allclose([s for s, _ in got], got[0][0] + 0.04 * np.arange(len(got)), atol=1e-9)
+    out = np.concatenate([f for _, f in got])
+    kept = x[int(round(lead * device_rate)):]
+    if device_rate // canceller_rate > 1 and not bypassed:  # two stages: device -> canceller -> model
+        one = Decimator(device_rate, canceller_rate).offline(kept)
+        one = one if canceller_rate == rate else Decimator(canceller_rate, rate).offline(one)
+    elif canceller_rate != rate and not bypassed:
+        one = Decimator(canceller_rate, rate).offline(kept)
+    else:
+        one = Decimator(device_rate, rate).offline(kept)
+    np.testing.assert_allclose(out, one[:out.size], atol=1e-6)
+
+
 def _soxr_streams(root) -> int:
     """soxr streams reachable from ``root``."""
     import gc

@@ -112,6 +112,13 @@ class _Resampler:
             return x
         return self._rs(x) if isinstance(self._rs, Decimator) else self._rs.resample_chunk(x)
 
+    @property
+    def hold(self) -> int | None:
+        """Input samples it holds back (0 for none, the Decimator's delay; None: soxr's varies)."""
+        if self._rs is None:
+            return 0
+        return self._rs.delay if isinstance(self._rs, Decimator) else None
+
     def clear(self) -> None:
         if self._rs is not None:
             self._rs.clear()
@@ -127,8 +134,12 @@ class CapturePath:
     ``canceller_rate`` (it returns the microphone untouched while bypassed)."""
 
     def __init__(self, device_rate: int, rate: int, canceller_rate: int,
-                 cancel: Callable[[np.ndarray, np.ndarray], np.ndarray], canceller_delay_s: float = 0.0):
+                 cancel: Callable[[np.ndarray, np.ndarray], np.ndarray], canceller_delay_s: float = 0.0,
+                 block: int | None = None):
         self.device_rate, self.rate, self.canceller_rate = device_rate, rate, canceller_rate
+        # the device's callback block (samples): frames are cut so that each is whole when the block
+        # holding its last sample arrives (see _lead); None: cut from the first sample
+        self.block = block
         self.cancel = cancel
         # how late the canceller's output is against its input (EchoCanceller.processing_delay_s):
         # the frames' stamps say when the user spoke, not when the canceller let it out
@@ -149,6 +160,8 @@ class CapturePath:
         for rs in (self._mic_in, self._ref_in, self._out, self._direct):
             rs.clear()
         self._mic = self._ref = self._ready = np.zeros(0, np.float32)
+        self._drop_device, self._drop_cancelled = self._lead()  # still to drop, at each stage
+        self._lead_s = 0.0  # dropped so far, seconds of device time
         # Time stamps: the resamplers and the canceller keep samples in place (soxr's streams are
         # delay-compensated), so output sample k since the clear was heard at t0 + k / rate.
         self._t0: float | None = None  # session time of the first device sample since the clear
@@ -161,6 +174,27 @@ class CapturePath:
         """The session closed: drop the resamplers' native state now, not at interpreter exit."""
         for rs in (self._mic_in, self._ref_in, self._out, self._direct):
             rs.release()
+
+    def _lead(self) -> tuple[int, int]:
+        """(device samples, cancelled samples) to drop at the start, so that the frames line up with
+        the device's blocks.  A decimator holds back its last ~1.6 ms (capture.Decimator): cut from
+        the first sample, every 40 ms frame ended 1.6 ms short when its last block came and waited
+        for the next one, 20 ms later, before the engine saw it: 20 ms on every decision (the end of
+        the user's turn, a barge-in).  Dropping the start shifts the cut so that what a frame needs
+        arrives with a block.  Where a stage holds back an unknown amount (soxr) nothing is dropped."""
+        block = self.block
+        if not block:
+            return 0, 0
+        if self._direct_now:
+            hold = self._direct.hold
+            per_frame = FRAME_MS * self.device_rate // 1000
+            return ((-hold) % block if hold is not None and per_frame % block == 0 else 0), 0
+        hold_in, hold_out = self._mic_in.hold, self._out.hold
+        per_chunk = self._cancel_n * self.device_rate // self.canceller_rate  # device samples per canceller frame
+        drop_in = (-hold_in) % block if hold_in is not None and per_chunk % block == 0 else 0
+        # the last stage waits for the canceller's next 40 ms: let a frame end hold_out before a chunk does
+        drop_out = (-hold_out) % self._cancel_n if hold_out is not None else 0
+        return drop_in, drop_out
 
     def describe(self, bypassed: bool) -> str:
         """The rates along the path, e.g. "device 48000 Hz -> echo canceller 48000 Hz -> model 24000 Hz"."""
@@ -191,7 +225,7 @@ class CapturePath:
         shift = 0.0 if bypassed else self.canceller_delay_s
         out = []
         for frame in frames:
-            start = max(self._t0 + self._out_n / self.rate, self._t_end)
+            start = max(self._t0 + self._lead_s + self._out_n / self.rate, self._t_end)
             self._out_n += frame.size
             self._t_end = start + frame.size / self.rate
             out.append((start - shift, frame))
@@ -200,8 +234,13 @@ class CapturePath:
     def _frames(self, mic: np.ndarray, reference: np.ndarray, bypassed: bool) -> list[np.ndarray]:
         direct = bypassed and self.direct_when_bypassed
         if direct != self._direct_now:  # headphones switched: the other way starts from scratch
-            self.clear()
             self._direct_now = direct
+            self.clear()
+        if self._drop_device:
+            k = min(self._drop_device, mic.size)
+            mic, reference = mic[k:], reference[k:]
+            self._drop_device -= k
+            self._lead_s += k / self.device_rate
         if direct:
             y = self._direct(mic)
         else:
@@ -211,7 +250,13 @@ class CapturePath:
             cleaned = [self.cancel(self._mic[i:i + k], self._ref[i:i + k]) for i in range(0, n - k + 1, k)]
             done = len(cleaned) * k
             self._mic, self._ref = self._mic[done:], self._ref[done:]
-            y = self._out(np.concatenate(cleaned)) if cleaned else np.zeros(0, np.float32)
+            y = np.concatenate(cleaned) if cleaned else np.zeros(0, np.float32)
+            if self._drop_cancelled and y.size:
+                k = min(self._drop_cancelled, y.size)
+                y = y[k:]
+                self._drop_cancelled -= k
+                self._lead_s += k / self.canceller_rate
+            y = self._out(y) if y.size else y
         self._ready = np.concatenate([self._ready, y])
         m = self._frame_n
         frames = [self._ready[i:i + m] for i in range(0, self._ready.size - m + 1, m)]

@@ -6,10 +6,10 @@ buffered reply into the output (through :meth:`VirtualSpeaker.tick_into`) and
 into a short "played" ring; captured samples into the capture ring, each block
 paired with the latest played samples (the echo canceller's reference); plus a
 few counters.  They allocate no buffers and log nothing.  The one wait: the
-speaker's lock, for at most ``LOCK_WAIT_S`` (1 ms of a 20 ms block).  The
+speaker's lock, for at most ``LOCK_WAIT_S`` (1 ms of a 10 ms block).  The
 engine holds it only for short copies, but a Python thread can be descheduled
 inside them (the GIL's 5 ms switch interval); a plain try-lock then missed
-0-3 blocks per 10 s reply on a 2-core machine, each a 20 ms dropout with hard
+0-3 blocks per 10 s reply on a 2-core machine, each a block-long dropout with hard
 edges (a click, and an echo the canceller lets through).  A timed acquire
 releases the GIL, so the holder finishes and the callback goes on.  Still
 busy after that: the block plays silence and ``lock_misses`` counts it.  Why
@@ -41,12 +41,16 @@ from omnidesk.engine.speaker import VirtualSpeaker
 
 # Rates tried after the devices' own defaults, best first.
 FALLBACK_RATES = (48000, 44100, 32000, 24000, 16000)
-DEFAULT_BLOCK_MS = 20.0  # callback period: half a model frame; fewer Python wake-ups than 10 ms
-# Device buffering asked of PortAudio, seconds.  Lower stops a barge-in sooner (audio already
-# handed to the device still plays) at more risk of underruns on a busy machine.  Measured on the
-# test suite's PulseAudio devices: 0.05 -> speaker silent 220-230 ms after an interrupting voice
-# starts, 0.1 -> 310-350 ms; 0.03 and 0.05 ran without stream errors.
-DEFAULT_LATENCY_S = 0.05
+# Callback period and the device buffering asked of PortAudio.  The output stream hands a block to
+# the DAC about latency + one block after it is rendered: what the user waits for on every reply
+# and every barge-in (audio already handed to the device still plays).  Measured with
+# bench/live_latency.py (PulseAudio virtual devices, 6 questions, fixed end of turn, CPU demo):
+# 50 ms / 20 ms blocks -> a reply reached the DAC 80 ms after it was written, acoustic
+# voice-to-voice 604 ms idle, 606 with one core busy; 20 ms / 10 ms blocks -> 30 ms, 548 / 535 ms,
+# with no dropout heard in any reply (the 50 ms setting had one 10 ms dropout per reply).  Twice
+# the callbacks: each only copies.
+DEFAULT_BLOCK_MS = 10.0
+DEFAULT_LATENCY_S = 0.02
 CAPTURE_RING_S = 2.0  # the engine loop may stall this long before capture overflows
 _TIMING_SLOTS = 256  # per-block DAC times kept for the playhead (>= output latency / block)
 LOCK_WAIT_S = 0.001  # longest the output callback waits for the speaker's lock (see the module doc)

@@ -50,7 +50,7 @@ from omnidesk.engine.timeline import Timeline
 from omnidesk.engine.vad import Endpointer, EndpointerConfig, level_dbfs
 
 from .capture import CapturePath
-from .device import AudioDeviceError, AudioIO
+from .device import DEFAULT_BLOCK_MS, DEFAULT_LATENCY_S, AudioDeviceError, AudioIO
 
 POLL_S = 0.01
 # No callback for this long while the stream claims to run: the device is gone.  Some
@@ -72,8 +72,8 @@ class LiveSettings:
     endpoint_silence_ms: float = 400.0
     pre_roll_ms: float = 200.0
     push_to_talk: bool = False
-    block_ms: float = 20.0
-    latency_s: float = 0.05  # device buffering; see omnidesk.audio.device.DEFAULT_LATENCY_S
+    block_ms: float = DEFAULT_BLOCK_MS  # callback period; see omnidesk.audio.device
+    latency_s: float = DEFAULT_LATENCY_S  # device buffering; see omnidesk.audio.device
     # end of turn (omnidesk.engine.turn_judge): "auto" = the Smart Turn model when installed, else the
     # fixed silence rule; "smart"; "fixed".  Thresholds: see EndpointerConfig.
     end_of_turn: str = "auto"
@@ -178,7 +178,7 @@ class LiveSession:
             self.aec = None  # headphones need no cancellation: run without the library
             cancel_rate = rate_in
         self.capture = CapturePath(audio.rate, rate_in, cancel_rate, self._cancel,
-                                   canceller_delay_s=self._canceller_delay())
+                                   canceller_delay_s=self._canceller_delay(), block=audio.block)
         audio.open()
         self.audio = audio
         # the echo of a reply's last words arrives through both device buffers

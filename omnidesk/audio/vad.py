@@ -34,6 +34,9 @@ import numpy as np
 FRAME_MS = 40  # what the engine delivers
 _SUBFRAME_MS = 20  # what webrtcvad is fed (10/20/30 ms allowed)
 _SUPPORTED_RATES = (8000, 16000, 32000, 48000)
+# After digital silence, a frame whose samples all lie within this many 16-bit steps of zero is
+# still digital silence (at most -84 dBFS: the echo canceller's residue of zeros); see is_speech.
+DIGITAL_SILENCE_LSB = 2
 FILE_FLOOR_DBFS = -65.0  # checking a file for speech: quieter frames are not speech (module docstring)
 
 
@@ -69,6 +72,7 @@ class WebRtcVAD:
         self.frame_samples = sample_rate * FRAME_MS // 1000
         self._half = sample_rate * _SUBFRAME_MS // 1000
         self._vad = webrtcvad.Vad(self.config.aggressiveness)
+        self._after_zeros = False  # the last frames were digital silence (see is_speech)
 
     @property
     def aggressiveness(self) -> int:
@@ -77,6 +81,7 @@ class WebRtcVAD:
     def reset(self) -> None:
         """Forget the noise/hangover state (a new, unrelated stream follows)."""
         self._vad = self._webrtcvad.Vad(self.config.aggressiveness)
+        self._after_zeros = False
 
     def is_speech(self, frame: np.ndarray) -> bool:
         x = np.asarray(frame, dtype=np.float32).reshape(-1)
@@ -85,12 +90,20 @@ class WebRtcVAD:
                 f"frame of {x.size} samples; WebRtcVAD needs exactly {self.frame_samples} samples "
                 f"({FRAME_MS} ms at {self.sample_rate} Hz)")
         pcm = (np.clip(x, -1.0, 1.0) * 32767.0).astype("<i2")
-        if not pcm.any():
+        peak = int(np.abs(pcm).max())
+        if peak == 0 or (self._after_zeros and peak <= DIGITAL_SILENCE_LSB):
             # Digital silence (talk's gaps between inputs, a muted or starting stream) is not speech,
             # and webrtcvad is not shown it: its noise model would settle at zero, and the next real
             # noise floor is then called speech for up to ~1.5 s (recorded turns played after a gap
-            # ended 0.9-2 s after the speech instead of ~0.5 s).
+            # ended 0.9-2 s after the speech instead of ~0.5 s).  Nor the echo canceller's +-1 LSB
+            # residue that follows such zeros once a reply plays into its reference: webrtcvad's
+            # last sound was then the question, and its hangover went on into the residue (3 frames
+            # of speech 0.4 s into each reply on the virtual devices: a false barge-in, an audible
+            # pause).  Quiet frames straight after speech (the noise suppressor's output in a pause)
+            # are shown as always: the end-of-turn timing was set on them.
+            self._after_zeros = True
             return False
+        self._after_zeros = False
         h = self._half
         # Evaluate both halves (no short-circuit) so the VAD's internal state
         # sees the whole stream.

@@ -331,6 +331,9 @@ class Engine:
 
     # ------------------------------------------------------------------ reply pipeline
     def _start_reply(self, held: bool, mark=None) -> None:
+        # when the reply's work began (at the pause for a speculative one): its events are stamped
+        # on the same clock, so first audio - reply_started is the pipeline's own latency
+        self._turn.extra["reply_started"] = self._clock_now()
         reply = _Reply(turn=self._turn, held=held, mark=mark)
         self._reply = reply
         reply.task = self._loop.create_task(self._run_reply(reply))
@@ -393,7 +396,7 @@ class Engine:
         turn = reply.turn
         try:
             prompt = await self._work(self.ex.end_user_turn, at="thinker")
-            t = self.now
+            t = self._clock_now()
             turn.prompt_token_ids = list(prompt)
             overflows = self.ex.take_overflows()
             if overflows:  # the conversation outgrew the cache: old turns were dropped this turn
@@ -414,12 +417,12 @@ class Engine:
                 self.stats.steps += 1
                 if out.text_token is not None:
                     turn.text_token_ids.append(out.text_token)
-                    turn.mark("first_text_token", self.now)
+                    turn.mark("first_text_token", self._clock_now())
                 if out.codec_token is not None:
                     turn.codec_token_ids.append(out.codec_token)
-                    turn.mark("first_codec_token", self.now)
+                    turn.mark("first_codec_token", self._clock_now())
                 for chunk in out.audio:
-                    turn.mark("first_audio_chunk", self.now)
+                    turn.mark("first_audio_chunk", self._clock_now())
                     reply.pending.append(chunk)
                     reply.produced_samples += chunk.size
                 self._drain_pending(reply)
@@ -430,7 +433,7 @@ class Engine:
                     break
                 if out.text_token is None and out.codec_token is None and not out.audio:
                     await asyncio.sleep(0)  # nothing to do this instant
-            turn.mark("reply_done", self.now)
+            turn.mark("reply_done", self._clock_now())
             turn.reply_audio_s = reply.produced_samples / self.ex.sample_rate_out
             turn.text = self.ex.decode(turn.text_token_ids)
             # play out: wait for the speaker to drain, then keep the whole reply in the conversation
