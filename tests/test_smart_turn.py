@@ -220,6 +220,28 @@ def test_missing_or_damaged_model_file(monkeypatch, tmp_path):
         smart_turn.bundled_model()
 
 
+def test_the_model_file_is_hashed_once_until_it_changes(monkeypatch, tmp_path):
+    """Every live session opens a judge: its 8 MB file was hashed on each open.  Once it matched
+    its RECORD it is not hashed again, unless it changed on disk since."""
+    import base64
+    import hashlib
+
+    data = b"model bytes"
+    digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+    dist = fake_distribution(tmp_path / "d", {MODEL_FILE: data}, f"{MODEL_FILE},sha256={digest},{len(data)}\n")
+    monkeypatch.setattr(smart_turn.importlib.metadata, "distribution", lambda name: dist)
+    hashed = []
+    real = smart_turn.hashlib.sha256
+    monkeypatch.setattr(smart_turn.hashlib, "sha256", lambda b=b"": hashed.append(len(b)) or real(b))
+    for _ in range(3):
+        smart_turn.bundled_model()
+    assert len(hashed) == 1
+    (tmp_path / "d" / MODEL_FILE).write_bytes(b"edited model bytes")  # another size: checked again
+    with pytest.raises(TurnModelUnavailable, match="damaged"):
+        smart_turn.bundled_model()
+    assert len(hashed) == 2
+
+
 def test_explicit_path_errors(tmp_path):
     pytest.importorskip("onnxruntime", reason="optional extra not installed: pip install onnxruntime")
     with pytest.raises(TurnModelUnavailable, match="not found"):
