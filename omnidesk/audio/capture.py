@@ -161,7 +161,8 @@ class CapturePath:
             rs.clear()
         self._mic = self._ref = self._ready = np.zeros(0, np.float32)
         self._drop_device, self._drop_cancelled = self._lead()  # still to drop, at each stage
-        self._lead_s = 0.0  # dropped so far, seconds of device time
+        # what is dropped, in seconds: every drop is done before the first frame comes out
+        self._lead_s = self._drop_device / self.device_rate + self._drop_cancelled / self.canceller_rate
         # Time stamps: the resamplers and the canceller keep samples in place (soxr's streams are
         # delay-compensated), so output sample k since the clear was heard at t0 + k / rate.
         self._t0: float | None = None  # session time of the first device sample since the clear
@@ -240,7 +241,6 @@ class CapturePath:
             k = min(self._drop_device, mic.size)
             mic, reference = mic[k:], reference[k:]
             self._drop_device -= k
-            self._lead_s += k / self.device_rate
         if direct:
             y = self._direct(mic)
         else:
@@ -251,11 +251,10 @@ class CapturePath:
             done = len(cleaned) * k
             self._mic, self._ref = self._mic[done:], self._ref[done:]
             y = np.concatenate(cleaned) if cleaned else np.zeros(0, np.float32)
-            if self._drop_cancelled and y.size:
+            if self._drop_cancelled:
                 k = min(self._drop_cancelled, y.size)
                 y = y[k:]
                 self._drop_cancelled -= k
-                self._lead_s += k / self.canceller_rate
             y = self._out(y) if y.size else y
         self._ready = np.concatenate([self._ready, y])
         m = self._frame_n

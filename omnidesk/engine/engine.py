@@ -365,6 +365,12 @@ class Engine:
                     return
             reply.pending.pop(0)
 
+    def _mark_first(self, turn, event: str) -> None:
+        """Stamp ``event`` on the session clock the first time it happens (the clock is read only
+        then: on a device it is a PortAudio call, and this runs every decode step)."""
+        if turn.events.get(event) is None:
+            turn.mark(event, self._clock_now())
+
     def _clock_now(self) -> float:
         """Session time now: the device's clock where the speaker has one (a live session), else the
         latest frame's end (talk's virtual devices run on the frame clock)."""
@@ -417,12 +423,12 @@ class Engine:
                 self.stats.steps += 1
                 if out.text_token is not None:
                     turn.text_token_ids.append(out.text_token)
-                    turn.mark("first_text_token", self._clock_now())
+                    self._mark_first(turn, "first_text_token")
                 if out.codec_token is not None:
                     turn.codec_token_ids.append(out.codec_token)
-                    turn.mark("first_codec_token", self._clock_now())
+                    self._mark_first(turn, "first_codec_token")
                 for chunk in out.audio:
-                    turn.mark("first_audio_chunk", self._clock_now())
+                    self._mark_first(turn, "first_audio_chunk")
                     reply.pending.append(chunk)
                     reply.produced_samples += chunk.size
                 self._drain_pending(reply)
