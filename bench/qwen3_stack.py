@@ -49,7 +49,7 @@ sys.path.insert(0, str(HERE))
 
 from omnidesk.engine.duplex_bench import percentiles as stats  # noqa: E402
 from omnidesk.models.checkpoint import DEFAULT_DEVICE_DTYPE, materialize  # noqa: E402
-from omnidesk.models.features import FeatureConfig  # noqa: E402
+from omnidesk.features import FeatureConfig  # noqa: E402
 from omnidesk.models.memory import available_ram  # noqa: E402
 from omnidesk.models.qwen2_5_omni.tokenizer import Tokenizer, write_tokenizer_files  # noqa: E402
 from omnidesk.models.qwen3_omni.config import Qwen3OmniConfig  # noqa: E402

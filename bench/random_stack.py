@@ -43,7 +43,7 @@ from omnidesk.models.turn_bench import decode_rates, synthetic_utterance  # noqa
 from omnidesk.models.turn_bench import run as turn_bench  # noqa: E402
 from omnidesk.models.qwen2_5_omni.config import OmniConfig  # noqa: E402
 from omnidesk.models.qwen2_5_omni.demo import PREPROCESSOR  # noqa: E402
-from omnidesk.models.features import FeatureConfig  # noqa: E402
+from omnidesk.features import FeatureConfig  # noqa: E402
 from omnidesk.models.checkpoint import materialize  # noqa: E402
 from omnidesk.models.qwen2_5_omni.loading import (OmniModel, OmniStack, VoiceDims, quantizable_linears,  # noqa: E402
                                                    voice_from_entry)

@@ -15,12 +15,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from omnidesk.errors import UsageError  # noqa: F401 - raised here, and imported from here by callers
+
 EXIT_USER_ERROR = 2
 DEBUG_ENV = "OMNIDESK_DEBUG"
-
-
-class UsageError(Exception):
-    """Something the user can fix; main prints "error: <message>" and exits 2."""
 
 
 # ---------------------------------------------------------------- model and device

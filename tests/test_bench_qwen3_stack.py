@@ -129,7 +129,7 @@ def test_a_mode_that_cannot_run_reports_why_with_eager_figures(qwen3_stack, tmp_
 def test_real_config_with_the_stand_in_tokenizer(qwen3_stack, tmp_path, monkeypatch):
     """The 30B-A3B config: every size stays the file's, every token id the stand-in's, and the
     product's executor accepts the result (its chat-template and id checks), all on the meta device."""
-    from omnidesk.models.features import FeatureConfig
+    from omnidesk.features import FeatureConfig
     from omnidesk.models.qwen2_5_omni.tokenizer import Tokenizer
     from omnidesk.models.qwen3_omni.config import Qwen3OmniConfig
     from omnidesk.models.qwen3_omni.executor import Qwen3OmniExecutor

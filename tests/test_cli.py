@@ -289,7 +289,7 @@ def test_models_list_shows_real_checkpoints_with_the_demo(capsys, monkeypatch, h
 
 
 def test_demo_resolves_by_name_but_a_folder_path_still_works(demo, tmp_path, monkeypatch):
-    from omnidesk.models.checkpoint import resolve_checkpoint
+    from omnidesk.models.families import resolve_checkpoint
 
     assert resolve_checkpoint("demo") == demo
     (tmp_path / "demo").mkdir()

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from omnidesk.models.features import num_frames
+from omnidesk.features import num_frames
 from omnidesk.models.qwen2_5_omni.executor import QwenOmniExecutor
 from omnidesk.models.qwen2_5_omni.loading import load_stack
 from omnidesk.models.qwen2_5_omni.offline import generate_reply
@@ -135,7 +135,7 @@ def test_interrupt_keeps_heard_part_and_next_turn_equals_fresh_history(stack, sp
 
 
 def _audio_tokens(stack, waves):
-    from omnidesk.models.features import log_mel
+    from omnidesk.features import log_mel
 
     return torch.cat([stack.thinker.audio_encoder(log_mel(w, stack.features)) for w in waves])
 

@@ -22,7 +22,7 @@ from omnidesk.engine.talk import Script, run_script
 from omnidesk.engine.timeline import Timeline, validate
 from omnidesk.models.qwen2_5_omni.bigvgan import BigVGAN
 from omnidesk.models.qwen2_5_omni.demo import make_demo
-from omnidesk.models.features import log_mel
+from omnidesk.features import log_mel
 from omnidesk.models.qwen2_5_omni.loading import load_stack
 
 FRAME = 640  # 40 ms at 16 kHz: the scripted microphone pads each utterance to whole frames

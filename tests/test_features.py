@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from omnidesk.models.features import FeatureConfig, FeatureConfigError, log_mel, num_frames, utterance_floor
+from omnidesk.features import FeatureConfig, FeatureConfigError, log_mel, num_frames, utterance_floor
 from tests.tiny import WHISPER_PREPROCESSOR
 
 SR = 16000

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from omnidesk.models.checkpoint import ConfigError
-from omnidesk.models.features import FeatureConfig, log_mel
+from omnidesk.features import FeatureConfig, log_mel
 from omnidesk.models.qwen3_omni.audio_encoder import AudioEncoder, AudioEncoderConfig
 
 PREFIX = "thinker.audio_tower."

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from omnidesk.engine.speaker import DEFAULT_FADE_MS
-from omnidesk.models.features import log_mel
+from omnidesk.features import log_mel
 from omnidesk.models.qwen3_omni.executor import Qwen3OmniExecutor, talker_defaults, turn_roles
 from omnidesk.models.qwen3_omni.loading import load_stack
 from omnidesk.models.qwen3_omni.tools import generate_reply

@@ -9,7 +9,7 @@ and 14 steps; greedy text and codec ids identical.
 import pytest
 import torch
 
-from omnidesk.models.features import log_mel
+from omnidesk.features import log_mel
 from omnidesk.models.qwen2_5_omni.loading import load_stack
 from omnidesk.models.qwen2_5_omni.offline import generate_reply
 from omnidesk.models.qwen2_5_omni.reply import audio_prompt, talker_defaults

@@ -10,7 +10,7 @@ is all this module needs, and the file is found through ``importlib.metadata``
 Input: the last ``n_frames * hop_length`` samples (8 s) of the user's 16 kHz audio,
 as Whisper log-mel features ``[1, n_mels, n_frames]`` (80 x 800).  Output: the
 probability that the turn is complete.  Both sizes are read from the model's
-input shape.  The features are our :func:`~omnidesk.models.features.log_mel` with
+input shape.  The features are our :func:`~omnidesk.features.log_mel` with
 80 mel bins, plus what Smart Turn's preprocessing (``WhisperFeatureExtractor``
 with ``chunk_length=8``, ``do_normalize=True``) does differently:
 
@@ -47,7 +47,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..models.features import DYNAMIC_RANGE, LOG_CLAMP, FeatureConfig, log_mel
+from ..features import DYNAMIC_RANGE, LOG_CLAMP, FeatureConfig, log_mel
 
 __all__ = ["SmartTurn", "TurnModelUnavailable", "bundled_model", "DISTRIBUTION", "MODEL_FILE"]
 

@@ -3,7 +3,7 @@
 * Errors every loader raises (:class:`CheckpointError`, :class:`ConfigError`,
   :class:`ModelTooLargeError`): the message names the file, tensor or field.
 * The local Hugging Face cache (:func:`hf_hub_cache`, :func:`cached_snapshot`)
-  and :func:`resolve_checkpoint` (a demo name, a folder, or a cached repo id).
+  and :func:`resolve_checkpoint` (a folder or a cached repo id; the registry adds the demo names).
   Nothing here touches the network.
 * safetensors: :func:`read_safetensors_header` validates a header against the
   file size; :func:`weight_files` follows a sharded index.
@@ -27,6 +27,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from ..errors import ConfigError
+
 
 class CheckpointError(ValueError):
     """The checkpoint cannot be used; the message says which file / tensor and why."""
@@ -34,10 +36,6 @@ class CheckpointError(ValueError):
 
 class ModelTooLargeError(CheckpointError):
     """The model would not fit the device's free memory (checked before loading anything)."""
-
-
-class ConfigError(ValueError):
-    """A config file is not usable; the message names the file and field."""
 
 
 DEFAULT_DEVICE_DTYPE = {"cpu": torch.float32, "cuda": torch.bfloat16}
@@ -98,23 +96,19 @@ def cached_repos() -> list[tuple[str, Path]]:
     return out
 
 
-def resolve_checkpoint(model: str | os.PathLike) -> Path:
-    """A demo name ("demo", "moshi-demo": the family registry knows them; the demo must have been
-    made), a directory as given (``./demo`` for a folder of that name), or a repo id
-    ("Qwen/Qwen2.5-Omni-3B") found in the local HF cache."""
-    text = str(model)
-    if isinstance(model, str):
-        from .families import FAMILIES, demo_family  # the registry names the demos
+def known_repos() -> list[str]:
+    """The published repo ids OmniDesk knows (:mod:`omnidesk.models.catalog`), in the order users see them."""
+    from .catalog import PUBLISHED
 
-        family = demo_family(text)
-        if family is not None:
-            demo = family.demo_dir()
-            if (demo / "config.json").is_file():
-                return demo
-            default = family is FAMILIES[0]  # `models make-demo` makes the first family's demo
-            what = "the demo model" if default else f"the {family.title} demo model"
-            make = "omnidesk models make-demo" + ("" if default else f" --family {family.name}")
-            raise CheckpointError(f"{what} is not made yet (it goes to {demo}); make it with: {make}")
+    return [repo for repos in PUBLISHED.values() for repo in repos]
+
+
+def resolve_checkpoint(model: str | os.PathLike) -> Path:
+    """A directory as given, or a repo id ("Qwen/Qwen2.5-Omni-3B") found in the local HF cache.
+
+    Demo names ("demo", "moshi-demo") belong to the family registry: its
+    :func:`omnidesk.models.families.resolve_checkpoint` takes them too."""
+    text = str(model)
     path = Path(model).expanduser()
     if path.is_dir():
         return path
@@ -122,14 +116,13 @@ def resolve_checkpoint(model: str | os.PathLike) -> Path:
         snap = cached_snapshot(repo_cache_dir(text))
         if snap is not None:
             return snap
-        from .families import RECOMMENDED  # the published repos OmniDesk knows
-
+        known = known_repos()
         where = f"'{text}' is not in the local Hugging Face cache ({hf_hub_cache()})"
-        if text in RECOMMENDED:
+        if text in known:
             raise CheckpointError(f"{where}; download it first with: omnidesk models download {text}")
         # never suggest downloading a name we do not know: "Qwen/Qwen2.5-Omni-14B" does not exist
         raise CheckpointError(f"{where}, and it is not a model repo OmniDesk knows. Known repos: "
-                              f"{', '.join(RECOMMENDED)} (get one with: omnidesk models download <repo>)")
+                              f"{', '.join(known)} (get one with: omnidesk models download <repo>)")
     raise CheckpointError(f"checkpoint directory not found: {path}")
 
 
@@ -553,5 +546,5 @@ __all__ = ["CheckpointError", "ConfigError", "DEFAULT_DEVICE_DTYPE", "FLOAT_DTYP
            "ModelTooLargeError", "SAFETENSORS_DTYPES", "Target", "VerifyReport", "cached_repos", "cached_snapshot",
            "check_values", "check_weight_files", "checkpoint_shapes", "config_field", "copy_tensors",
            "header_tensors", "load_config_file", "hf_hub_cache", "match_tensors", "materialize", "nonfinite_values", "read_json", "read_safetensors_header",
-           "repo_cache_dir", "repo_id_of", "require_file", "resolve_checkpoint", "safetensors_summary",
+           "known_repos", "repo_cache_dir", "repo_id_of", "require_file", "resolve_checkpoint", "safetensors_summary",
            "weight_files"]

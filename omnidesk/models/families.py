@@ -26,24 +26,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from .checkpoint import CheckpointError, ConfigError, VerifyReport, resolve_checkpoint
-
-
-@dataclass(frozen=True)
-class Recommendation:
-    """What a published repo needs, said before a download."""
-
-    download_gb: float  # approximate size of the files fetched
-    # GPU memory (GB, 1e9 bytes) the loader's own estimate gives for the published config in bf16 at the
-    # loader's default context (estimate_memory in omnidesk/models/<family>/memory.py, moshi/executor.py),
-    # the figure the loader refuses by: `omnidesk doctor` and the README quote it; tests/test_doctor.py
-    # recomputes it from the published configs in tests/data, so it cannot drift from the estimate
-    gpu_memory_gb: float
-    guidance: str  # what it needs to run (the size is download_gb: say it once, see summary())
-
-    def summary(self) -> str:
-        """One line for the user before a download: size, then what it needs."""
-        return f"about {self.download_gb:g} GB to download; {self.guidance}"
+from . import checkpoint
+from .catalog import PUBLISHED, Recommendation
+from .checkpoint import CheckpointError, ConfigError, VerifyReport
 
 
 @dataclass
@@ -189,7 +174,7 @@ def _qwen_memory_modes(root: Path) -> dict[str, int]:
 
 
 def _qwen_input_rate(root: Path) -> int:
-    from .features import FeatureConfig
+    from ..features import FeatureConfig
 
     try:
         return FeatureConfig.from_preprocessor_config(root).sampling_rate
@@ -215,16 +200,7 @@ QWEN = Family(
     load=_qwen_load, verify=_qwen_verify, voices=_qwen_voices, declared_dtype=_qwen_dtype,
     input_rate=_qwen_input_rate, turn_tools=_qwen_tools, quantization=_qwen_quantization,
     memory_modes=_qwen_memory_modes,
-    repos={
-        "Qwen/Qwen2.5-Omni-3B": Recommendation(11, 12.8, "in bf16 it fits a 16 GB NVIDIA GPU"),
-        "Qwen/Qwen2.5-Omni-7B": Recommendation(22, 24.9, "in bf16 it wants an NVIDIA GPU with 24 GB or more"),
-        # estimated from the 7B's tensors with the thinker's decoder linears at 4 bits (the rest as published;
-        # vision included in the download): no public figure for the files
-        "Qwen/Qwen2.5-Omni-7B-GPTQ-Int4": Recommendation(11, 14.4, "the 7B with a 4-bit thinker: fits a 16 GB "
-                                                                 "NVIDIA GPU (about 13 GiB at an 8k context)"),
-        "Qwen/Qwen2.5-Omni-7B-AWQ": Recommendation(11, 14.4, "the 7B with a 4-bit thinker (AWQ): fits a 16 GB "
-                                                           "NVIDIA GPU (about 13 GiB at an 8k context)"),
-    })
+    repos=PUBLISHED["qwen2_5_omni"])
 
 
 # ---------------------------------------------------------------- Qwen3-Omni
@@ -307,12 +283,7 @@ QWEN3 = Family(
     load=_qwen3_load, verify=_qwen3_verify, voices=_qwen3_voices, declared_dtype=_qwen_dtype,
     input_rate=_qwen_input_rate, turn_tools=_qwen3_tools, unsupported=_qwen3_unsupported,
     ignored_options=("quantize",),  # its MoE experts are not QuantLinear yet
-    repos={
-        "Qwen/Qwen3-Omni-30B-A3B-Instruct": Recommendation(
-            71, 78.5, "a 30B mixture-of-experts model: in bf16 it wants about 79 GB of GPU memory at an 8k context "
-                      "(an 80 GB GPU, "
-                    "or two GPUs through a vLLM-Omni server)"),
-    })
+    repos=PUBLISHED["qwen3_omni"])
 
 
 # ---------------------------------------------------------------- Moshi
@@ -380,23 +351,19 @@ def _moshi_notice() -> str:
     return DEMO_NOTICE
 
 
-_MOSHI_GUIDANCE = ("in bf16 it wants an NVIDIA GPU with 24 GB (about 18 GB at the full 3000-frame context); "
-                   "full duplex: it listens and talks at once")
 MOSHI = Family(
     name="moshi", title="Moshi", duplex=True, detect=_moshi_detect, demo_name="moshi-demo",
     make_demo=_moshi_make_demo, demo_dir=_moshi_demo_dir, is_demo=_moshi_is_demo, demo_notice=_moshi_notice(),
     load=_moshi_load, verify=_moshi_verify, voices=lambda root: [], declared_dtype=lambda root: None,
     input_rate=_moshi_input_rate,
-    repos={
-        "kyutai/moshiko-pytorch-bf16": Recommendation(16, 17.6, "Moshiko (male voice); " + _MOSHI_GUIDANCE),
-        "kyutai/moshika-pytorch-bf16": Recommendation(16, 17.6, "Moshika (female voice); " + _MOSHI_GUIDANCE),
-    },
+    repos=PUBLISHED["moshi"],
     # one voice, and no reply to limit: it talks when it likes, one frame at a time; its linears are not
     # QuantLinear yet
     ignored_options=("voice", "max_text_tokens", "max_codec_tokens", "quantize"))
 
 FAMILIES: tuple[Family, ...] = (QWEN, MOSHI, QWEN3)
 RECOMMENDED: dict[str, Recommendation] = {repo: r for f in FAMILIES for repo, r in f.repos.items()}
+assert set(RECOMMENDED) == set(checkpoint.known_repos()), "every published repo belongs to a family"
 SMALLEST_REPO = "Qwen/Qwen2.5-Omni-3B"  # what to suggest to a user who has no model yet
 
 
@@ -447,6 +414,21 @@ def demo_family(name: str) -> Family | None:
     return next((f for f in FAMILIES if f.demo_name == name), None)
 
 
+def resolve_checkpoint(model: str | os.PathLike) -> Path:
+    """A demo name ("demo", "moshi-demo": the demo must have been made), a directory as given
+    (``./demo`` for a folder of that name), or a repo id ("Qwen/Qwen2.5-Omni-3B") found in the
+    local HF cache."""
+    if isinstance(model, str) and (family := demo_family(model)) is not None:
+        demo = family.demo_dir()
+        if (demo / "config.json").is_file():
+            return demo
+        default = family is FAMILIES[0]  # `models make-demo` makes the first family's demo
+        what = "the demo model" if default else f"the {family.title} demo model"
+        make = "omnidesk models make-demo" + ("" if default else f" --family {family.name}")
+        raise CheckpointError(f"{what} is not made yet (it goes to {demo}); make it with: {make}")
+    return checkpoint.resolve_checkpoint(model)
+
+
 def resolve_model(name_or_path: str | os.PathLike, make_demo: bool = False) -> tuple[Path, Family]:
     """A model name as the user gives it (a demo name, a folder, a cached repo id) -> (directory, family).
 
@@ -481,4 +463,4 @@ def verify(name_or_path: str | os.PathLike, load_test: bool = True,
 
 __all__ = ["FAMILIES", "Family", "LoadOptions", "Loaded", "MOSHI", "QWEN", "QWEN3", "RECOMMENDED", "Recommendation",
            "SMALLEST_REPO", "demo_family", "detect_family", "family_named", "family_of", "load_model",
-           "resolve_model", "verify"]
+           "resolve_checkpoint", "resolve_model", "verify"]

@@ -49,7 +49,7 @@ import torch
 
 from ..engine.executor import Executor, Rollback, stage
 from .alignment import heard_text_pieces
-from .features import log_mel, num_frames
+from ..features import log_mel, num_frames
 from .kv_cache import CacheFullError, KVCache, KVSpan
 from .runner import DecodeRunner, resolve_mode
 from .sampling import Sampler, SamplingParams, device_generator, sample

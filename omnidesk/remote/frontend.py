@@ -92,7 +92,7 @@ def add_server_options(p) -> None:
 
 def prepare_server(args, out, prepared_cls):
     """cli._prepare for --server: nothing to resolve on this machine; say what runs where."""
-    from omnidesk.cli import UsageError
+    from omnidesk.errors import UsageError
 
     if getattr(args, "model", None):
         raise UsageError(f"--model and --server both name the model; the server at {args.server} serves its "
@@ -111,7 +111,7 @@ def prepare_server(args, out, prepared_cls):
 def load_server(args, prepared, out):
     """cli._load for --server: connect, then say what the model is, where the audio goes, and
     anything the server does differently (its audio only at the end of a reply)."""
-    from omnidesk.cli import UsageError
+    from omnidesk.errors import UsageError
     from omnidesk.models.families import Loaded
 
     from .client import ServerError

@@ -20,7 +20,7 @@ def transformers_side(stack: OmniStack, audio: np.ndarray, max_text: int, max_co
         from transformers import Qwen2_5OmniForConditionalGeneration
     except ImportError:
         return {"skipped": "transformers is not installed (pip install -e '.[test]')"}
-    from omnidesk.models.features import log_mel
+    from omnidesk.features import log_mel
     from omnidesk.models.qwen2_5_omni.reply import audio_prompt
 
     ref = Qwen2_5OmniForConditionalGeneration.from_pretrained(str(stack.path), dtype=torch.float32).eval()

@@ -16,7 +16,7 @@ import torch
 
 from ..memory import MemoryEstimate, ModelShape, estimate_for_shape, gib, max_context, torch_dtype
 from .config import OmniConfig
-from .loading import OmniModel, decoder_linears
+from .model import OmniModel, decoder_linears
 
 MIN_CONTEXT = 1024  # shorter contexts are not worth suggesting: a spoken turn alone takes hundreds of tokens
 SMALLER_REPO = "Qwen/Qwen2.5-Omni-3B"

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from ..features import log_mel
+from ...features import log_mel
 from ..sampling import SamplingParams
 from .loading import OmniStack
 

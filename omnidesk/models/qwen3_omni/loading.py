@@ -20,16 +20,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from torch import nn
 
 from ..checkpoint import (DEFAULT_DEVICE_DTYPE, CheckpointError, MappingReport, ModelTooLargeError, Target,
                           copy_tensors, match_tensors, materialize, checkpoint_shapes, require_file,
                           read_json, resolve_checkpoint, weight_files)
-from ..features import FeatureConfig
+from ...features import FeatureConfig
 from ..memory import cpu_ram_problem
 from ..qwen2_5_omni.tokenizer import Tokenizer
-from .code2wav import Code2Wav
 from .config import Qwen3OmniConfig
+from .code2wav import Code2Wav
+from .model import Qwen3OmniModel
 from .talker import Talker, talker_weight_map
 from .thinker import Thinker, thinker_weight_map
 
@@ -37,17 +37,6 @@ from .thinker import Thinker, thinker_weight_map
 UNUSED_PREFIXES = {
     "thinker.visual.": "vision encoder (OmniDesk takes audio only)",
 }
-
-
-class Qwen3OmniModel(nn.Module):
-    """Thinker (with its audio encoder) + talker (with its code predictor) + code2wav."""
-
-    def __init__(self, cfg: Qwen3OmniConfig):
-        super().__init__()
-        self.cfg = cfg
-        self.thinker = Thinker(cfg.thinker)
-        self.talker = Talker(cfg.talker) if cfg.talker is not None else None
-        self.code2wav = Code2Wav(cfg.code2wav) if cfg.code2wav is not None else None
 
 
 def weight_map(cfg: Qwen3OmniConfig, model: Qwen3OmniModel | None = None) -> dict[str, Target]:

@@ -17,7 +17,7 @@ import torch
 
 from ..memory import MemoryEstimate, ModelShape, estimate_for_shape, gib, max_context, torch_dtype
 from .config import Qwen3OmniConfig
-from .loading import Qwen3OmniModel
+from .model import Qwen3OmniModel
 
 MIN_CONTEXT = 1024  # shorter contexts are not worth suggesting: a spoken turn alone takes hundreds of tokens
 SMALLER_REPO = "Qwen/Qwen2.5-Omni-7B"

@@ -67,7 +67,7 @@ def transformers_side(stack: Qwen3OmniStack, audio: np.ndarray, max_text: int, m
     ex.begin_user_turn()
     ex.add_user_audio(audio)
     prompt = ex.end_user_turn()
-    from ..features import log_mel
+    from ...features import log_mel
 
     feats = log_mel(torch.from_numpy(audio), stack.features)
     ref = Qwen3OmniMoeForConditionalGeneration.from_pretrained(str(stack.path), dtype=torch.float32).eval()

@@ -42,7 +42,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .checkpoint import ConfigError
+from .errors import ConfigError
 
 __all__ = ["FeatureConfig", "FeatureConfigError", "log_mel", "utterance_floor", "num_frames", "mel_filter_bank"]
 
