@@ -13,6 +13,13 @@ from __future__ import annotations
 import time
 
 
+def _timed(step, spent: float):
+    """Run one step; its result and ``spent`` plus the seconds it took."""
+    t0 = time.perf_counter()
+    result = step()
+    return result, spent + time.perf_counter() - t0
+
+
 class TimedExecutor:
     """An executor with compute time per stage; every other attribute is the wrapped executor's."""
 
@@ -32,23 +39,17 @@ class TimedExecutor:
         return self._ex.start_reply(*args, **kwargs)
 
     def thinker_step(self):
-        t0 = time.perf_counter()
-        token = self._ex.thinker_step()
-        self.thinker_s += time.perf_counter() - t0
+        token, self.thinker_s = _timed(self._ex.thinker_step, self.thinker_s)
         self.thinker_tokens += token is not None
         return token
 
     def talker_step(self):
-        t0 = time.perf_counter()
-        token = self._ex.talker_step()
-        self.talker_s += time.perf_counter() - t0
+        token, self.talker_s = _timed(self._ex.talker_step, self.talker_s)
         self.talker_tokens += token is not None
         return token
 
     def vocoder_step(self, final: bool = False):
-        t0 = time.perf_counter()
-        chunks = self._ex.vocoder_step(final)
-        self.vocoder_s += time.perf_counter() - t0
+        chunks, self.vocoder_s = _timed(lambda: self._ex.vocoder_step(final), self.vocoder_s)
         self.vocoder_audio_s += sum(c.size for c in chunks) / self._ex.sample_rate_out
         return chunks
 

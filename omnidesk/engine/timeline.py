@@ -275,9 +275,7 @@ def validate(d: Any) -> None:
     problems: list[str] = []
     if not isinstance(d, dict):
         raise TimelineError(f"timeline: expected an object, got {type(d).__name__}")
-    for key in SESSION_FIELDS:
-        if key not in d:
-            problems.append(f"timeline: missing field '{key}'")
+    _require(d, SESSION_FIELDS, "timeline", problems)
     if "model" in d and not isinstance(d["model"], dict):
         problems.append("model: expected an object")
     if "device" in d and not isinstance(d["device"], str):
@@ -292,13 +290,17 @@ def validate(d: Any) -> None:
         raise TimelineError("timeline breaks the contract:\n  " + "\n  ".join(problems))
 
 
+def _require(obj: dict, fields, where: str, problems: list[str]) -> None:
+    for key in fields:
+        if key not in obj:
+            problems.append(f"{where}: missing field '{key}'")
+
+
 def _validate_turn(turn: Any, where: str, problems: list[str]) -> None:
     if not isinstance(turn, dict):
         problems.append(f"{where}: expected an object")
         return
-    for key in TURN_FIELDS:
-        if key not in turn:
-            problems.append(f"{where}: missing field '{key}'")
+    _require(turn, TURN_FIELDS, where, problems)
     for key in ("user_speech_start", "user_speech_end", "endpoint"):
         if key in turn:
             _check_time(turn[key], f"{where}.{key}", problems)
@@ -307,10 +309,9 @@ def _validate_turn(turn: Any, where: str, problems: list[str]) -> None:
         if not isinstance(events, dict):
             problems.append(f"{where}.events: expected an object")
         else:
+            _require(events, EVENT_NAMES, f"{where}.events", problems)
             for name in EVENT_NAMES:
-                if name not in events:
-                    problems.append(f"{where}.events: missing field '{name}'")
-                else:
+                if name in events:
                     _check_time(events[name], f"{where}.events.{name}", problems)
     for key in ("prompt_token_ids", "text_token_ids"):
         if key in turn:
@@ -334,9 +335,7 @@ def _validate_turn(turn: Any, where: str, problems: list[str]) -> None:
     if not isinstance(b, dict):
         problems.append(f"{where}.barge_in: expected an object when interrupted is true")
         return
-    for key in BARGE_IN_FIELDS:
-        if key not in b:
-            problems.append(f"{where}.barge_in: missing field '{key}'")
+    _require(b, BARGE_IN_FIELDS, f"{where}.barge_in", problems)
     for key in BARGE_IN_TIME_FIELDS:
         if key in b:
             _check_time(b[key], f"{where}.barge_in.{key}", problems)
