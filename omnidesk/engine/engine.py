@@ -14,15 +14,9 @@ Turn state machine (ARCHITECTURE.md)::
                         +---------------+                                  |  roll back to
                         +--------------------------------------------------+  what was heard)
 
-Pipeline.  A reply runs thinker, talker and vocoder steps interleaved: the
-talker starts from the first thinker tokens, the vocoder emits a chunk as soon
-as it has enough codes, and chunks go to the speaker at once (or are held
-while PREEMPTING).  Backpressure: the thinker runs at most ``thinker_lead``
-tokens ahead of the talker (unless the executor has no local talker: a server
-streams text and speech already made), and generation pauses while more than
-``max_audio_ahead_s`` of audio waits to be played, so memory stays flat in
-long replies.  What only the executor knows about a turn (a remote executor's
-network times) comes from its ``turn_extras`` hook into the turn's ``extra``.
+Pipeline.  A reply runs thinker, talker and vocoder steps interleaved, paced against the
+speaker (:mod:`omnidesk.engine.reply_pipeline`, the engine's :class:`~omnidesk.engine.reply_pipeline.ReplyPipeline`
+part).  The engine's states, settings, counters and failure record are in :mod:`omnidesk.engine.turn_state`.
 
 Failures.  An exception in any stage (encoder, thinker, talker, vocoder, voice,
 speaker) ends its turn as failed instead of killing a task silently: playback
@@ -41,95 +35,23 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import enum
 import logging
 import threading
-from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
 
-from .executor import Executor, StageError, StepResult, stage
+from .executor import Executor, StageError
+from .reply_pipeline import ReplyPipeline, ReplyRun
 from .speaker import VirtualSpeaker
 from .timeline import BargeIn, Timeline, TurnTimeline
+from .turn_state import EngineConfig, EngineStats, TurnFailure, TurnState
 from .vad import Endpoint, Endpointer, OnsetCancelled, Pause, Resume, SpeechOnset, SpeechStart, TurnScore
-
-
-STARTUP_WINDOW_S = 1.5  # playback time over which a reply's start-up gaps are measured
 
 log = logging.getLogger("omnidesk.engine")
 
 
-class TurnState(enum.Enum):
-    LISTENING = "listening"
-    USER_SPEAKING = "user_speaking"
-    PREEMPTING = "preempting"
-    RESPONDING = "responding"
-    SUSPECTED_BARGE_IN = "suspected_barge_in"
-
-
-@dataclass
-class EngineConfig:
-    voice: str | None = None
-    seed: int = 0
-    preemptive: bool = True  # start replying at a short pause, play only at the endpoint
-    barge_in: bool = True  # user speech during a reply interrupts it
-    thinker_lead: int = 24  # text tokens the thinker may run ahead of the talker
-    max_audio_ahead_s: float = 2.0  # generated audio waiting to be played before generation pauses
-    # After a reply has played, its echo still reaches the microphone for a moment (room, device
-    # buffers); until then only a barge-in-length run of speech starts a turn, so a residue of the
-    # assistant's own voice is not taken for the user.
-    echo_tail_s: float = 0.5
-    # Adaptive playout delay (a jitter buffer, as in VoIP): when the speaker ran dry during the
-    # first seconds of the last reply (the second vocoder chunk came late: a slow CPU), start the
-    # next reply that much later instead of leaving a gap after its first chunk.  0 on machines
-    # that keep up.
-    adaptive_playout: bool = True
-    max_playout_delay_s: float = 0.3
-
-
-@dataclass
-class EngineStats:
-    preemptive_used: int = 0
-    preemptive_discarded: int = 0
-    barge_ins: int = 0
-    false_barge_ins: int = 0
-    steps: int = 0
-    failed_turns: int = 0
-
-
-@dataclass(frozen=True)
-class TurnFailure:
-    """A turn that failed: the stage that raised (executor.STAGES) and what it said.
-
-    Sent to ``on_update("error", failure)``; ``str()`` is the sentence a user reads."""
-
-    stage: str
-    message: str
-    t: float  # session time of the failure
-    turn: TurnTimeline | None
-    conversation_kept: bool  # False: the failure left the model's state unusable and it was cleared
-
-    def __str__(self) -> str:
-        rest = "the conversation goes on" if self.conversation_kept else "the conversation was cleared"
-        return f"the reply failed in the {self.stage}: {self.message} (that turn was dropped; {rest})"
-
-
-@dataclass
-class _Reply:
-    turn: TurnTimeline
-    held: bool  # playback held (preemptive start)
-    pending: list[np.ndarray] = field(default_factory=list)  # audio not yet in the speaker
-    on_speaker: bool = False  # the speaker's current reply is this one
-    produced_samples: int = 0
-    task: asyncio.Task | None = None
-    mark: object = None  # executor mark taken before the preemptive start
-    play_at: float | None = None  # session time the first chunk may start playing (playout delay)
-    underruns_at_start: int | None = None  # speaker underruns when this reply started playing
-    startup_measured: bool = False
-
-
-class Engine:
+class Engine(ReplyPipeline):
     """One conversation.  Create it on the loop that will drive it."""
 
     def __init__(self, executor: Executor, endpointer: Endpointer, speaker: VirtualSpeaker,
@@ -146,7 +68,7 @@ class Engine:
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="omnidesk-worker")
         self._loop = asyncio.get_running_loop()
         self._turn: TurnTimeline | None = None
-        self._reply: _Reply | None = None
+        self._reply: ReplyRun | None = None
         self._fed = 0  # utterance samples handed to the executor
         self._progress = asyncio.Event()  # set whenever the pipeline blocks or finishes
         self._onset: float | None = None
@@ -329,142 +251,8 @@ class Engine:
         self._set_state(TurnState.USER_SPEAKING)
         await self._feed_audio()
 
-    # ------------------------------------------------------------------ reply pipeline
-    def _start_reply(self, held: bool, mark=None) -> None:
-        # when the reply's work began (at the pause for a speculative one): its events are stamped
-        # on the same clock, so first audio - reply_started is the pipeline's own latency
-        self._turn.extra["reply_started"] = self._clock_now()
-        reply = _Reply(turn=self._turn, held=held, mark=mark)
-        self._reply = reply
-        reply.task = self._loop.create_task(self._run_reply(reply))
-
-    def _release_playback(self) -> None:
-        reply = self._reply
-        if reply is not None and reply.held:
-            reply.held = False
-            self._drain_pending(reply)
-
-    def _drain_pending(self, reply: _Reply) -> None:
-        if reply.held:
-            return
-        if not reply.on_speaker and reply.pending:
-            if reply.play_at is None:
-                reply.play_at = self.now + self.playout_delay
-                if self.playout_delay > 0:
-                    reply.turn.extra["playout_delay_ms"] = round(self.playout_delay * 1000)
-            if self.now < reply.play_at:
-                return
-        while reply.pending:
-            chunk = reply.pending[0]
-            with stage("speaker"):
-                if not reply.on_speaker:
-                    self.speaker.start_reply()
-                    reply.on_speaker = True
-                    reply.turn.extra["written_to_device"] = self._clock_now()
-                if not self.speaker.write(chunk):
-                    return
-            reply.pending.pop(0)
-
-    def _mark_first(self, turn, event: str) -> None:
-        """Stamp ``event`` on the session clock the first time it happens (the clock is read only
-        then: on a device it is a PortAudio call, and this runs every decode step)."""
-        if turn.events.get(event) is None:
-            turn.mark(event, self._clock_now())
-
-    def _clock_now(self) -> float:
-        """Session time now: the device's clock where the speaker has one (a live session), else the
-        latest frame's end (talk's virtual devices run on the frame clock)."""
-        now = getattr(self.speaker, "session_now", None)
-        t = now() if now is not None else None
-        return self.now if t is None else t
-
-    def _audio_ahead(self, reply: _Reply) -> float:
-        pending = sum(c.size for c in reply.pending)
-        return (pending + self.speaker.buffered_samples) / self.ex.sample_rate_out
-
-    def _pipeline_step(self, lead_ok: bool) -> StepResult:
-        """One unit of work in the worker: a thinker step (if allowed), a talker step, vocoding."""
-        ex = self.ex
-        out = StepResult()
-        if not ex.thinker_done and lead_ok:
-            with stage("thinker"):
-                out.text_token = ex.thinker_step()
-        with stage("talker"):
-            out.codec_token = ex.talker_step()
-        with stage("vocoder"):
-            if ex.talker_done:
-                out.audio = ex.vocoder_step(final=True)
-            elif out.codec_token is not None:
-                out.audio = ex.vocoder_step()
-        return out
-
-    async def _run_reply(self, reply: _Reply) -> None:
-        turn = reply.turn
-        try:
-            prompt = await self._work(self.ex.end_user_turn, at="thinker")
-            t = self._clock_now()
-            turn.prompt_token_ids = list(prompt)
-            overflows = self.ex.take_overflows()
-            if overflows:  # the conversation outgrew the cache: old turns were dropped this turn
-                turn.extra.setdefault("cache_overflow", []).extend(overflows)  # a discarded start may have some
-            turn.mark("audio_encoded", t)
-            turn.mark("prefill_done", t)
-            await self._work(self.ex.start_reply, self.config.voice, self.config.seed, at="thinker")
-            self._collect_extras(turn)
-            while True:
-                if self._audio_ahead(reply) > self.config.max_audio_ahead_s:
-                    self._progress.set()  # blocked on playback
-                    await asyncio.sleep(0.01)
-                    self._drain_pending(reply)
-                    continue
-                lead_ok = not self.ex.local_talker or \
-                    len(turn.text_token_ids) - len(turn.codec_token_ids) < self.config.thinker_lead
-                out = await self._work(self._pipeline_step, lead_ok)
-                self.stats.steps += 1
-                if out.text_token is not None:
-                    turn.text_token_ids.append(out.text_token)
-                    self._mark_first(turn, "first_text_token")
-                if out.codec_token is not None:
-                    turn.codec_token_ids.append(out.codec_token)
-                    self._mark_first(turn, "first_codec_token")
-                for chunk in out.audio:
-                    self._mark_first(turn, "first_audio_chunk")
-                    reply.pending.append(chunk)
-                    reply.produced_samples += chunk.size
-                self._drain_pending(reply)
-                if out.text_token is not None or out.audio:
-                    self._collect_extras(turn)
-                    self.on_update("reply", turn)
-                if self.ex.talker_done and self.ex.thinker_done and not out.audio:
-                    break
-                if out.text_token is None and out.codec_token is None and not out.audio:
-                    await asyncio.sleep(0)  # nothing to do this instant
-            turn.mark("reply_done", self._clock_now())
-            turn.reply_audio_s = reply.produced_samples / self.ex.sample_rate_out
-            turn.text = self.ex.decode(turn.text_token_ids)
-            # play out: wait for the speaker to drain, then keep the whole reply in the conversation
-            while reply.held or reply.pending or self.speaker.buffered_samples:
-                self._progress.set()
-                await asyncio.sleep(0.01)
-                self._drain_pending(reply)
-            if reply.on_speaker:
-                self.speaker.end_reply()
-            turn.played_audio_s = self._heard(reply) / self.ex.sample_rate_out
-            await self._work(self.ex.finish_reply, at="thinker")
-            self._collect_extras(turn)
-            if self._reply is reply:
-                self._reply = None
-                self._set_state(TurnState.LISTENING)
-            self.on_update("done", turn)
-        except asyncio.CancelledError:
-            raise
-        except Exception as e:  # noqa: BLE001 - reported as a failed turn
-            if self._reply is reply:  # else the reply was already stopped (interrupt, another failure)
-                await self._fail(e, reply)
-        finally:
-            self._progress.set()
-
-    async def _fail(self, error: Exception, reply: _Reply | None) -> None:
+    # ------------------------------------------------------------------ failures
+    async def _fail(self, error: Exception, reply: ReplyRun | None) -> None:
         """End the current turn as failed: silence, forget the turn, record it, tell the UI, listen."""
         stage_name = error.stage if isinstance(error, StageError) else "engine"
         cause = error.cause if isinstance(error, StageError) else error
@@ -505,23 +293,7 @@ class Engine:
         self._set_state(TurnState.LISTENING)
         self.on_update("error", failure)
 
-    def _heard(self, reply: _Reply) -> int:
-        """Samples of this reply that reached the speaker (the playhead belongs to the speaker's current reply)."""
-        return self.speaker.playhead if reply.on_speaker else 0
-
-    def _check_playback(self) -> None:
-        reply = self._reply
-        if reply is None:
-            return
-        if not reply.on_speaker and reply.pending and not reply.held:
-            self._drain_pending(reply)  # a playout delay may have run out
-        if reply.on_speaker and self.speaker.reply_first_sample is not None:
-            t = self.speaker.reply_first_sample / self.speaker.sample_rate
-            if reply.turn.mark("playback_start", t):
-                self.on_update("reply", reply.turn)  # the first sound: listeners show "speaking"
-                reply.underruns_at_start = self.speaker.underruns
-            self._measure_startup(reply, t)
-
+    # ------------------------------------------------------------------ barge-in
     async def _check_interrupt_after(self) -> None:
         after, reply = self.interrupt_after_s, self._reply
         if after is None or reply is None or self.state not in (TurnState.RESPONDING, TurnState.SUSPECTED_BARGE_IN):
@@ -531,20 +303,6 @@ class Engine:
             self.interrupt_after_s = None
             await self.interrupt(onset=self.now, confirmed=self.now)
 
-    def _measure_startup(self, reply: _Reply, started: float) -> None:
-        """After the first seconds of playback, set the next reply's playout delay from how long the
-        speaker ran dry meanwhile (underrun blocks x block length)."""
-        if reply.startup_measured or not self.config.adaptive_playout or self.now < started + STARTUP_WINDOW_S:
-            return
-        reply.startup_measured = True
-        dry_s = (self.speaker.underruns - reply.underruns_at_start) * self.speaker.block / self.speaker.sample_rate
-        reply.turn.extra["startup_dry_ms"] = round(dry_s * 1000)
-        # grow at once to cover the gap seen; shrink slowly when replies keep up
-        self.playout_delay = min(self.config.max_playout_delay_s, max(dry_s, 0.5 * self.playout_delay))
-        if self.playout_delay < 0.01:
-            self.playout_delay = 0.0
-
-    # ------------------------------------------------------------------ barge-in
     async def interrupt(self, onset: float | None = None, confirmed: float | None = None) -> None:
         """Stop the reply now (barge-in or the stop button) and keep only what was heard."""
         try:

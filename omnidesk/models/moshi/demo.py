@@ -22,8 +22,8 @@ from ..cache_dir import user_cache_dir, write_checkpoint_dir
 from .config import DEMO as LM_DEMO
 from .config import MIMI_NAME, MOSHI_NAME, TOKENIZER_NAME
 from .lm import MoshiLM, weight_map
-from .mimi import DEMO as MIMI_DEMO
 from .mimi import Mimi, checkpoint_state_dict, init_random_
+from .mimi_config import DEMO as MIMI_DEMO
 from .tokenizer import write_demo_tokenizer
 
 NAME = "moshi-demo"  # what names it wherever a model is asked for

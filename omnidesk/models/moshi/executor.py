@@ -47,8 +47,9 @@ from ..memory import cpu_ram_problem
 from ..runner import DecodeRunner, resolve_mode
 from .config import MoshiConfig, MoshiSampling
 from .lm import MoshiLM, MoshiLMGen, load_moshi_lm, weight_map
-from .mimi import MIMI, Mimi, MimiConfig, load_mimi
+from .mimi import Mimi, load_mimi
 from .mimi import weight_map as mimi_weight_map
+from .mimi_config import MIMI, MimiConfig
 from .tokenizer import MoshiTokenizer
 
 # Below this many LM parameters the per-frame step is a few hundred tiny ops: on the CPU each

@@ -1,0 +1,217 @@
+"""The reply pipeline of the turn-based engine (:class:`~omnidesk.engine.engine.Engine`): one reply run
+from the executor's first step to its last sample on the speaker, and its pacing.
+
+Pipeline.  A reply runs thinker, talker and vocoder steps interleaved: the
+talker starts from the first thinker tokens, the vocoder emits a chunk as soon
+as it has enough codes, and chunks go to the speaker at once (or are held
+while PREEMPTING).  Backpressure: the thinker runs at most ``thinker_lead``
+tokens ahead of the talker (unless the executor has no local talker: a server
+streams text and speech already made), and generation pauses while more than
+``max_audio_ahead_s`` of audio waits to be played, so memory stays flat in
+long replies.  What only the executor knows about a turn (a remote executor's
+network times) comes from its ``turn_extras`` hook into the turn's ``extra``.
+
+Pacing towards the speaker: a reply's chunks wait while it is held (PREEMPTING), and its first
+chunk waits the adaptive playout delay (a jitter buffer: after the first seconds of playback the
+next reply's delay is set from how long the speaker ran dry meanwhile).  The events of a reply
+are stamped on the session clock (the device's where the speaker has one).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .executor import StepResult, stage
+from .timeline import TurnTimeline
+from .turn_state import TurnState
+
+STARTUP_WINDOW_S = 1.5  # playback time over which a reply's start-up gaps are measured
+
+
+@dataclass
+class ReplyRun:
+    """One reply in flight, from its start (at a pause or the endpoint) until it has played out or is cut."""
+
+    turn: TurnTimeline
+    held: bool  # playback held (preemptive start)
+    pending: list[np.ndarray] = field(default_factory=list)  # audio not yet in the speaker
+    on_speaker: bool = False  # the speaker's current reply is this one
+    produced_samples: int = 0
+    task: asyncio.Task | None = None
+    mark: object = None  # executor mark taken before the preemptive start
+    play_at: float | None = None  # session time the first chunk may start playing (playout delay)
+    underruns_at_start: int | None = None  # speaker underruns when this reply started playing
+    startup_measured: bool = False
+
+
+class ReplyPipeline:
+    """The reply side of :class:`~omnidesk.engine.engine.Engine` (a mixin: the engine owns the state it
+    reads, ``ex``, ``speaker``, ``config``, ``stats``, ``now``, ``playout_delay``, ``_reply``, ``_turn``,
+    and the calls it makes, ``_work``, ``_fail``, ``_set_state``, ``_collect_extras``, ``on_update``)."""
+
+    def _start_reply(self, held: bool, mark=None) -> None:
+        # when the reply's work began (at the pause for a speculative one): its events are stamped
+        # on the same clock, so first audio - reply_started is the pipeline's own latency
+        self._turn.extra["reply_started"] = self._clock_now()
+        reply = ReplyRun(turn=self._turn, held=held, mark=mark)
+        self._reply = reply
+        reply.task = self._loop.create_task(self._run_reply(reply))
+
+    def _release_playback(self) -> None:
+        reply = self._reply
+        if reply is not None and reply.held:
+            reply.held = False
+            self._drain_pending(reply)
+
+    def _drain_pending(self, reply: ReplyRun) -> None:
+        if reply.held:
+            return
+        if not reply.on_speaker and reply.pending:
+            if reply.play_at is None:
+                reply.play_at = self.now + self.playout_delay
+                if self.playout_delay > 0:
+                    reply.turn.extra["playout_delay_ms"] = round(self.playout_delay * 1000)
+            if self.now < reply.play_at:
+                return
+        while reply.pending:
+            chunk = reply.pending[0]
+            with stage("speaker"):
+                if not reply.on_speaker:
+                    self.speaker.start_reply()
+                    reply.on_speaker = True
+                    reply.turn.extra["written_to_device"] = self._clock_now()
+                if not self.speaker.write(chunk):
+                    return
+            reply.pending.pop(0)
+
+    def _mark_first(self, turn, event: str) -> None:
+        """Stamp ``event`` on the session clock the first time it happens (the clock is read only
+        then: on a device it is a PortAudio call, and this runs every decode step)."""
+        if turn.events.get(event) is None:
+            turn.mark(event, self._clock_now())
+
+    def _clock_now(self) -> float:
+        """Session time now: the device's clock where the speaker has one (a live session), else the
+        latest frame's end (talk's virtual devices run on the frame clock)."""
+        now = getattr(self.speaker, "session_now", None)
+        t = now() if now is not None else None
+        return self.now if t is None else t
+
+    def _audio_ahead(self, reply: ReplyRun) -> float:
+        pending = sum(c.size for c in reply.pending)
+        return (pending + self.speaker.buffered_samples) / self.ex.sample_rate_out
+
+    def _pipeline_step(self, lead_ok: bool) -> StepResult:
+        """One unit of work in the worker: a thinker step (if allowed), a talker step, vocoding."""
+        ex = self.ex
+        out = StepResult()
+        if not ex.thinker_done and lead_ok:
+            with stage("thinker"):
+                out.text_token = ex.thinker_step()
+        with stage("talker"):
+            out.codec_token = ex.talker_step()
+        with stage("vocoder"):
+            if ex.talker_done:
+                out.audio = ex.vocoder_step(final=True)
+            elif out.codec_token is not None:
+                out.audio = ex.vocoder_step()
+        return out
+
+    async def _run_reply(self, reply: ReplyRun) -> None:
+        turn = reply.turn
+        try:
+            prompt = await self._work(self.ex.end_user_turn, at="thinker")
+            t = self._clock_now()
+            turn.prompt_token_ids = list(prompt)
+            overflows = self.ex.take_overflows()
+            if overflows:  # the conversation outgrew the cache: old turns were dropped this turn
+                turn.extra.setdefault("cache_overflow", []).extend(overflows)  # a discarded start may have some
+            turn.mark("audio_encoded", t)
+            turn.mark("prefill_done", t)
+            await self._work(self.ex.start_reply, self.config.voice, self.config.seed, at="thinker")
+            self._collect_extras(turn)
+            while True:
+                if self._audio_ahead(reply) > self.config.max_audio_ahead_s:
+                    self._progress.set()  # blocked on playback
+                    await asyncio.sleep(0.01)
+                    self._drain_pending(reply)
+                    continue
+                lead_ok = not self.ex.local_talker or \
+                    len(turn.text_token_ids) - len(turn.codec_token_ids) < self.config.thinker_lead
+                out = await self._work(self._pipeline_step, lead_ok)
+                self.stats.steps += 1
+                if out.text_token is not None:
+                    turn.text_token_ids.append(out.text_token)
+                    self._mark_first(turn, "first_text_token")
+                if out.codec_token is not None:
+                    turn.codec_token_ids.append(out.codec_token)
+                    self._mark_first(turn, "first_codec_token")
+                for chunk in out.audio:
+                    self._mark_first(turn, "first_audio_chunk")
+                    reply.pending.append(chunk)
+                    reply.produced_samples += chunk.size
+                self._drain_pending(reply)
+                if out.text_token is not None or out.audio:
+                    self._collect_extras(turn)
+                    self.on_update("reply", turn)
+                if self.ex.talker_done and self.ex.thinker_done and not out.audio:
+                    break
+                if out.text_token is None and out.codec_token is None and not out.audio:
+                    await asyncio.sleep(0)  # nothing to do this instant
+            turn.mark("reply_done", self._clock_now())
+            turn.reply_audio_s = reply.produced_samples / self.ex.sample_rate_out
+            turn.text = self.ex.decode(turn.text_token_ids)
+            # play out: wait for the speaker to drain, then keep the whole reply in the conversation
+            while reply.held or reply.pending or self.speaker.buffered_samples:
+                self._progress.set()
+                await asyncio.sleep(0.01)
+                self._drain_pending(reply)
+            if reply.on_speaker:
+                self.speaker.end_reply()
+            turn.played_audio_s = self._heard(reply) / self.ex.sample_rate_out
+            await self._work(self.ex.finish_reply, at="thinker")
+            self._collect_extras(turn)
+            if self._reply is reply:
+                self._reply = None
+                self._set_state(TurnState.LISTENING)
+            self.on_update("done", turn)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # noqa: BLE001 - reported as a failed turn
+            if self._reply is reply:  # else the reply was already stopped (interrupt, another failure)
+                await self._fail(e, reply)
+        finally:
+            self._progress.set()
+
+    def _heard(self, reply: ReplyRun) -> int:
+        """Samples of this reply that reached the speaker (the playhead belongs to the speaker's current reply)."""
+        return self.speaker.playhead if reply.on_speaker else 0
+
+    def _check_playback(self) -> None:
+        reply = self._reply
+        if reply is None:
+            return
+        if not reply.on_speaker and reply.pending and not reply.held:
+            self._drain_pending(reply)  # a playout delay may have run out
+        if reply.on_speaker and self.speaker.reply_first_sample is not None:
+            t = self.speaker.reply_first_sample / self.speaker.sample_rate
+            if reply.turn.mark("playback_start", t):
+                self.on_update("reply", reply.turn)  # the first sound: listeners show "speaking"
+                reply.underruns_at_start = self.speaker.underruns
+            self._measure_startup(reply, t)
+
+    def _measure_startup(self, reply: ReplyRun, started: float) -> None:
+        """After the first seconds of playback, set the next reply's playout delay from how long the
+        speaker ran dry meanwhile (underrun blocks x block length)."""
+        if reply.startup_measured or not self.config.adaptive_playout or self.now < started + STARTUP_WINDOW_S:
+            return
+        reply.startup_measured = True
+        dry_s = (self.speaker.underruns - reply.underruns_at_start) * self.speaker.block / self.speaker.sample_rate
+        reply.turn.extra["startup_dry_ms"] = round(dry_s * 1000)
+        # grow at once to cover the gap seen; shrink slowly when replies keep up
+        self.playout_delay = min(self.config.max_playout_delay_s, max(dry_s, 0.5 * self.playout_delay))
+        if self.playout_delay < 0.01:
+            self.playout_delay = 0.0
