@@ -23,8 +23,85 @@ def user_settings() -> QSettings:
     return QSettings(ORGANIZATION, APPLICATION)
 
 
+class _Key:
+    """One remembered value, read as ``kind`` (``default`` when missing or unreadable) and written as
+    ``kind`` too.  Read-only without ``writable`` (changed only by editing the settings file)."""
+
+    def __init__(self, key: str, default, kind, doc: str = "", writable: bool = True):
+        self.key, self.default, self.kind, self.writable = key, default, kind, writable
+        self.__doc__ = doc
+
+    def __get__(self, settings, owner=None):
+        if settings is None:
+            return self
+        return settings._get(self.key, self.default, self.kind)
+
+    def __set__(self, settings, value) -> None:
+        if not self.writable:
+            raise AttributeError(f"{self.key} is read-only")
+        settings._set(self.key, self.kind(value))
+
+
+class _Text(_Key):
+    """A name or a path; empty reads as None (None: the default or the best available)."""
+
+    def __init__(self, key: str, doc: str = ""):
+        super().__init__(key, None, str, doc)
+
+    def __get__(self, settings, owner=None):
+        return self if settings is None else super().__get__(settings, owner) or None
+
+    def __set__(self, settings, value) -> None:
+        settings._set(self.key, value)  # stored as given; None removes it
+
+
+class _Choice(_Key):
+    """One of ``choices``; anything else reads as the first and is not stored."""
+
+    def __init__(self, key: str, choices: tuple[str, ...], doc: str = ""):
+        super().__init__(key, choices[0], str, doc)
+        self.choices = choices
+
+    def __get__(self, settings, owner=None):
+        if settings is None:
+            return self
+        value = super().__get__(settings, owner)
+        return value if value in self.choices else self.default
+
+    def __set__(self, settings, value) -> None:
+        settings._set(self.key, value if value in self.choices else None)
+
+
 class Settings:
     """Typed access to the window's QSettings."""
+
+    # model
+    model = _Text("model/source",
+                  'Checkpoint folder, cached repo id, "demo", or a server URL; None = the best available.')
+    quantize = _Choice("model/quantize", ("none", "int8"),
+                       'How the model\'s weights are loaded: "none" (as stored) or "int8" (omnidesk.models.quant).')
+    compile = _Choice("model/compile", ("auto", "on", "off"),
+                      'How the decode steps run: "auto" (CUDA graphs on a GPU), "on", "off" (omnidesk.models.runner).')
+    voice = _Text("model/voice")
+    server = _Text("model/server", 'The vLLM-Omni server URL last given in the model picker\'s "Server…" (the '
+                                   "picker's ``model`` is that URL while a server is the model).")
+    # audio
+    input_device = _Text("audio/input", "Device name, SOUND_FILES, or None for the system default.")
+    output_device = _Text("audio/output")
+    headphones = _Key("audio/headphones", False, bool)
+    push_to_talk = _Key("audio/push_to_talk", False, bool)
+    # end of turn (omnidesk.engine.turn_judge)
+    end_of_turn = _Choice("turn/end_of_turn", ("auto", "smart", "fixed"),
+                          '"auto" (the Smart Turn model when installed), "smart" or "fixed" (the silence rule).')
+    turn_complete = _Key("turn/complete", EndpointerConfig.turn_complete, float,
+                         "Smart Turn probability at or above which a pause ends the turn at once.", writable=False)
+    turn_incomplete = _Key("turn/incomplete", EndpointerConfig.turn_incomplete, float,
+                           "Smart Turn probability at or below which a pause is waited out (up to turn_max_wait_ms).",
+                           writable=False)
+    turn_max_wait_ms = _Key("turn/max_wait_ms", int(EndpointerConfig.turn_max_wait_ms), int, writable=False)
+    # interruption testing and overlay
+    interrupt_after_ms = _Key("testing/interrupt_after_ms", 800, int)
+    overlay_visible = _Key("overlay/visible", False, bool)
 
     def __init__(self, qsettings: QSettings | None = None):
         self.q = qsettings if qsettings is not None else user_settings()
@@ -45,130 +122,6 @@ class Settings:
             self.q.remove(key)
         else:
             self.q.setValue(key, value)
-
-    # model ----------------------------------------------------------------------
-    @property
-    def model(self) -> str | None:
-        """Checkpoint folder, cached repo id, "demo", or a server URL; None = the best available."""
-        return self._get("model/source", None, str) or None
-
-    @model.setter
-    def model(self, value: str | None) -> None:
-        self._set("model/source", value)
-
-    @property
-    def quantize(self) -> str:
-        """How the model's weights are loaded: "none" (as stored) or "int8" (omnidesk.models.quant)."""
-        value = self._get("model/quantize", "none", str)
-        return value if value in ("none", "int8") else "none"
-
-    @quantize.setter
-    def quantize(self, value: str | None) -> None:
-        self._set("model/quantize", value if value in ("none", "int8") else None)
-
-    @property
-    def compile(self) -> str:
-        """How the decode steps run: "auto" (CUDA graphs on a GPU), "on", "off" (omnidesk.models.runner)."""
-        value = self._get("model/compile", "auto", str)
-        return value if value in ("auto", "on", "off") else "auto"
-
-    @compile.setter
-    def compile(self, value: str | None) -> None:
-        self._set("model/compile", value if value in ("auto", "on", "off") else None)
-
-    @property
-    def voice(self) -> str | None:
-        return self._get("model/voice", None, str) or None
-
-    @voice.setter
-    def voice(self, value: str | None) -> None:
-        self._set("model/voice", value)
-
-    @property
-    def server(self) -> str | None:
-        """The vLLM-Omni server URL last given in the model picker's "Server…" (the picker's
-        ``model`` is that URL while a server is the model)."""
-        return self._get("model/server", None, str) or None
-
-    @server.setter
-    def server(self, value: str | None) -> None:
-        self._set("model/server", value)
-
-    # audio ----------------------------------------------------------------------
-    @property
-    def input_device(self) -> str | None:
-        """Device name, SOUND_FILES, or None for the system default."""
-        return self._get("audio/input", None, str) or None
-
-    @input_device.setter
-    def input_device(self, value: str | None) -> None:
-        self._set("audio/input", value)
-
-    @property
-    def output_device(self) -> str | None:
-        return self._get("audio/output", None, str) or None
-
-    @output_device.setter
-    def output_device(self, value: str | None) -> None:
-        self._set("audio/output", value)
-
-    @property
-    def headphones(self) -> bool:
-        return self._get("audio/headphones", False, bool)
-
-    @headphones.setter
-    def headphones(self, value: bool) -> None:
-        self._set("audio/headphones", bool(value))
-
-    @property
-    def push_to_talk(self) -> bool:
-        return self._get("audio/push_to_talk", False, bool)
-
-    @push_to_talk.setter
-    def push_to_talk(self, value: bool) -> None:
-        self._set("audio/push_to_talk", bool(value))
-
-    # end of turn (omnidesk.engine.turn_judge) ---------------------------------------
-    @property
-    def end_of_turn(self) -> str:
-        """"auto" (the Smart Turn model when installed), "smart" or "fixed" (the silence rule)."""
-        value = self._get("turn/end_of_turn", "auto", str)
-        return value if value in ("auto", "smart", "fixed") else "auto"
-
-    @end_of_turn.setter
-    def end_of_turn(self, value: str) -> None:
-        self._set("turn/end_of_turn", value)
-
-    @property
-    def turn_complete(self) -> float:
-        """Smart Turn probability at or above which a pause ends the turn at once."""
-        return self._get("turn/complete", EndpointerConfig.turn_complete, float)
-
-    @property
-    def turn_incomplete(self) -> float:
-        """Smart Turn probability at or below which a pause is waited out (up to turn_max_wait_ms)."""
-        return self._get("turn/incomplete", EndpointerConfig.turn_incomplete, float)
-
-    @property
-    def turn_max_wait_ms(self) -> int:
-        return self._get("turn/max_wait_ms", int(EndpointerConfig.turn_max_wait_ms), int)
-
-    # interruption testing and overlay ---------------------------------------------
-    @property
-    def interrupt_after_ms(self) -> int:
-        return self._get("testing/interrupt_after_ms", 800, int)
-
-    @interrupt_after_ms.setter
-    def interrupt_after_ms(self, value: int) -> None:
-        self._set("testing/interrupt_after_ms", int(value))
-
-    @property
-    def overlay_visible(self) -> bool:
-        return self._get("overlay/visible", False, bool)
-
-    @overlay_visible.setter
-    def overlay_visible(self, value: bool) -> None:
-        self._set("overlay/visible", bool(value))
 
     @property
     def overlay_pos(self) -> tuple[int, int] | None:

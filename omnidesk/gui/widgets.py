@@ -1,10 +1,10 @@
-"""Small widgets of the main window: the state indicator, the microphone level meter, banners."""
+"""Small widgets of the main window: the state indicator, the microphone level meter, banners, pickers."""
 
 from __future__ import annotations
 
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QColor, QPalette
-from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QProgressBar, QPushButton, QSizePolicy
+from PySide6.QtWidgets import QComboBox, QFrame, QHBoxLayout, QLabel, QProgressBar, QPushButton, QSizePolicy
 
 # Display states: (text, colour).  Colours are mid-tones that read on light and dark windows,
 # always with white text on top.
@@ -167,3 +167,38 @@ class Banner(QFrame):
     @property
     def text(self) -> str:
         return self.label.text()
+
+
+def choice_picker(items, current, on_pick, *, name: str | None = None, tip: str | None = None) -> QComboBox:
+    """A drop-down of ``items`` ((label, value) pairs) showing the item of value ``current`` (the first
+    if none has it); ``on_pick(index)`` runs when the user picks one, not when the code selects one."""
+    picker = QComboBox()
+    if name:
+        picker.setAccessibleName(name)
+    for label, value in items:
+        picker.addItem(label, value)
+    picker.setCurrentIndex(max(0, picker.findData(current)))
+    if tip:
+        picker.setToolTip(tip)
+    picker.activated.connect(on_pick)
+    return picker
+
+
+def switch_picker(off: str, on: str, current: bool, on_change) -> QComboBox:
+    """A drop-down for a yes/no setting: item ``off`` (False), item ``on`` (True), showing ``current``;
+    ``on_change(bool)`` runs whenever it changes, by the user or the code."""
+    picker = QComboBox()
+    picker.addItem(off, False)
+    picker.addItem(on, True)
+    picker.setCurrentIndex(1 if current else 0)
+    picker.currentIndexChanged.connect(lambda index: on_change(bool(picker.itemData(index))))
+    return picker
+
+
+def push_button(text: str, on_click, tip: str | None = None) -> QPushButton:
+    """A button that calls ``on_click`` when clicked, with ``tip`` as its tooltip."""
+    button = QPushButton(text)
+    if tip:
+        button.setToolTip(tip)
+    button.clicked.connect(on_click)
+    return button
