@@ -416,6 +416,17 @@ class MappingReport:
         return f"{where}: " + "; ".join(parts)
 
 
+def module_targets(module: nn.Module, ckpt_prefix: str, ours_prefix: str) -> dict[str, Target]:
+    """Every state_dict tensor of ``module`` (ours: ``ours_prefix`` + its name) under the checkpoint name
+    ``ckpt_prefix`` + the same name: a part whose names mirror the checkpoint's (an audio tower, a vocoder)."""
+    return {ckpt_prefix + name: Target(ours_prefix + name, tuple(t.shape)) for name, t in module.state_dict().items()}
+
+
+def unused_by_prefix(prefixes: dict[str, str]) -> Callable[[str], str | None]:
+    """:func:`match_tensors`' ``unused`` from {checkpoint name prefix: why those tensors are not loaded}."""
+    return lambda name: next((reason for p, reason in prefixes.items() if name.startswith(p)), None)
+
+
 def match_tensors(wmap: dict[str, Target], found: dict[str, tuple[tuple[int, ...], str | None]],
                   unused: Callable[[str], str | None] = lambda name: None,
                   aliases: dict[str, str] | None = None) -> MappingReport:
@@ -456,6 +467,23 @@ def config_field(d: dict, key: str, where: str, default: Any = ...):
     if default is ...:
         raise ConfigError(f"{where}: missing field '{key}'")
     return default
+
+
+def expect_model_type(d: dict, where: str, model_type: str, title: str, name_architectures: bool = False) -> None:
+    """ConfigError unless config.json ``d`` (named ``where``) is a ``title`` checkpoint: its ``model_type`` is
+    ``model_type``.  ``name_architectures``: the message also names the architectures the file declares."""
+    found = d.get("model_type")
+    if found != model_type:
+        what = found or "no model_type"
+        arch = d.get("architectures") if name_architectures else None
+        raise ConfigError(f"{where}: not a {title} checkpoint (model_type is '{what}'"
+                          f"{', architectures ' + str(arch) if arch else ''}; expected '{model_type}')")
+
+
+def int_fields(d: dict, where: str, keys: dict[str, str]) -> dict[str, int]:
+    """{our field: int(``d[key]``)} for each our field -> config.json key of a section named ``where``,
+    read in that order (ConfigError naming the first missing key)."""
+    return {name: int(config_field(d, key, where)) for name, key in keys.items()}
 
 
 def load_config_file(path: str | Path, from_dict: Callable[[dict, str], Any]) -> Any:
@@ -545,6 +573,7 @@ def copy_tensors(files: dict[str, Path], names: Iterable[str], wmap: dict[str, T
 __all__ = ["CheckpointError", "ConfigError", "DEFAULT_DEVICE_DTYPE", "FLOAT_DTYPES", "MappingReport",
            "ModelTooLargeError", "SAFETENSORS_DTYPES", "Target", "VerifyReport", "cached_repos", "cached_snapshot",
            "check_values", "check_weight_files", "checkpoint_shapes", "config_field", "copy_tensors",
-           "header_tensors", "load_config_file", "hf_hub_cache", "match_tensors", "materialize", "nonfinite_values", "read_json", "read_safetensors_header",
-           "known_repos", "repo_cache_dir", "repo_id_of", "require_file", "resolve_checkpoint", "safetensors_summary",
-           "weight_files"]
+           "expect_model_type", "header_tensors", "int_fields", "load_config_file", "hf_hub_cache", "match_tensors",
+           "materialize", "nonfinite_values", "read_json", "read_safetensors_header", "known_repos", "module_targets",
+           "repo_cache_dir", "repo_id_of", "require_file", "resolve_checkpoint", "safetensors_summary",
+           "unused_by_prefix", "weight_files"]

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import functools
+import json
 import math
 import os
 from dataclasses import dataclass, field
+from typing import Any, Callable
 
 import torch
+from torch import nn
 
 
 def gib(n: int) -> str:
@@ -103,6 +107,26 @@ class MemoryEstimate:
         return self.shape.llm_params + self.shape.vocoder_params
 
 
+def param_count(module: nn.Module | None) -> int:
+    """Parameters of ``module`` (built on the meta device: nothing allocated); 0 for a part the config lacks."""
+    return sum(p.numel() for p in module.parameters()) if module is not None else 0
+
+
+def shape_per_config(shape_of: Callable[[dict], ModelShape]) -> Callable[[Any], ModelShape]:
+    """A family's ``model_shape(config)`` from ``shape_of(config.json as a dict)``, computed once per
+    distinct config.json: building the real model on the meta device takes seconds, and the picker
+    and every estimate ask again."""
+    @functools.lru_cache(maxsize=8)
+    def from_json(raw_json: str) -> ModelShape:
+        return shape_of(json.loads(raw_json))
+
+    def model_shape(config) -> ModelShape:
+        """Parameter counts (from our modules built on the meta device) and cache dimensions."""
+        return from_json(json.dumps(config.raw, sort_keys=True))
+
+    return model_shape
+
+
 QUANT_SCALE_BYTES = 2  # the int4pack / int8pack kernels keep their scales (and int4 zeros) in bfloat16
 
 
@@ -165,4 +189,5 @@ def max_context(shape: ModelShape, dtype, free_bytes: int, talker_codes: int = 4
 
 
 __all__ = ["ACTIVATION_BYTES", "cpu_ram_problem", "MARGIN_FRACTION", "MemoryEstimate", "ModelShape", "available_ram", "estimate_for_shape",
-           "gib", "max_context", "QUANT_SCALE_BYTES", "quantized_weight_bytes", "ram_too_small", "torch_dtype"]
+           "gib", "max_context", "param_count", "QUANT_SCALE_BYTES", "quantized_weight_bytes", "ram_too_small",
+           "shape_per_config", "torch_dtype"]

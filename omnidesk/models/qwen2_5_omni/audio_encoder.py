@@ -31,29 +31,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..layers import WindowAttention, sinusoid_table
+from ..layers import sinusoid_table
+from ..whisper_encoder import WhisperEncoderLayer
 from .config import AudioEncoderConfig
 
 __all__ = ["AudioEncoder"]
-
-
-class AudioEncoderLayer(nn.Module):
-    def __init__(self, cfg: AudioEncoderConfig):
-        super().__init__()
-        d = cfg.d_model
-        self.self_attn = WindowAttention(d, cfg.num_heads)
-        self.self_attn_layer_norm = nn.LayerNorm(d)
-        self.fc1 = nn.Linear(d, cfg.ffn_dim)
-        self.fc2 = nn.Linear(cfg.ffn_dim, d)
-        self.final_layer_norm = nn.LayerNorm(d)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.self_attn(self.self_attn_layer_norm(x))
-        x = x + self.fc2(F.gelu(self.fc1(self.final_layer_norm(x))))
-        if x.dtype == torch.float16:  # as the reference: keep fp16 activations finite
-            lim = torch.finfo(torch.float16).max - 1000
-            x = x.clamp(-lim, lim)
-        return x
 
 
 class AudioEncoder(nn.Module):
@@ -86,7 +68,8 @@ class AudioEncoder(nn.Module):
         d = cfg.d_model
         self.conv1 = nn.Conv1d(cfg.num_mel_bins, d, kernel_size=3, padding=1)
         self.conv2 = nn.Conv1d(d, d, kernel_size=3, stride=2, padding=1)
-        self.layers = nn.ModuleList(AudioEncoderLayer(cfg) for _ in range(cfg.num_layers))
+        self.layers = nn.ModuleList(WhisperEncoderLayer(d, cfg.num_heads, cfg.ffn_dim)
+                                    for _ in range(cfg.num_layers))
         self.ln_post = nn.LayerNorm(d)
         self.proj = nn.Linear(d, cfg.output_dim)
         self.audio_bos_eos_token = nn.Embedding(2, cfg.output_dim)

@@ -11,7 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..checkpoint import ConfigError, config_field, load_config_file
+from ..checkpoint import ConfigError, config_field, expect_model_type, int_fields, load_config_file
+from ..decoder_layers import DecoderShape
+from ..omni_checkpoint import ThinkerConfigBase, read_thinker_parts
 
 MODEL_TYPE = "qwen2_5_omni"
 
@@ -32,29 +34,16 @@ def _rope(d: dict, where: str) -> tuple[float, tuple[int, ...]]:
 
 
 @dataclass(frozen=True)
-class DecoderConfig:
-    """A Qwen2-style decoder (the thinker's LLM and the talker share it)."""
+class DecoderConfig(DecoderShape):
+    """A Qwen2-style decoder (the thinker's LLM and the talker share it); TMRoPE always, so
+    ``mrope_section`` is required."""
 
-    vocab_size: int
-    hidden_size: int
-    intermediate_size: int
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    rms_norm_eps: float
-    rope_theta: float
-    mrope_section: tuple[int, ...]
     max_position_embeddings: int
     embedding_size: int  # width of embed_tokens (the talker's codec embedding lives in thinker space)
 
     def __post_init__(self):
-        if self.num_heads % self.num_kv_heads:
-            raise ConfigError(f"num_attention_heads {self.num_heads} is not a multiple of "
-                              f"num_key_value_heads {self.num_kv_heads}")
-        if sum(self.mrope_section) * 2 != self.head_dim:
-            raise ConfigError(f"mrope_section {list(self.mrope_section)} must sum to head_dim/2 = "
-                              f"{self.head_dim // 2}")
+        super().__post_init__()
+        self.check_mrope_section()
 
     @classmethod
     def from_dict(cls, d: dict, where: str) -> "DecoderConfig":
@@ -98,24 +87,16 @@ class AudioEncoderConfig:
         act = d.get("activation_function", "gelu")
         if act != "gelu":
             raise ConfigError(f"{where}: activation_function '{act}' is not supported (expected gelu)")
-        return cls(
-            num_mel_bins=int(config_field(d, "num_mel_bins", where)),
-            d_model=int(config_field(d, "d_model", where)),
-            num_layers=int(config_field(d, "encoder_layers", where)),
-            num_heads=int(config_field(d, "encoder_attention_heads", where)),
-            ffn_dim=int(config_field(d, "encoder_ffn_dim", where)),
-            max_source_positions=int(config_field(d, "max_source_positions", where)),
-            n_window=int(config_field(d, "n_window", where)),
-            output_dim=int(config_field(d, "output_dim", where)),
-        )
+        return cls(**int_fields(d, where, {
+            "num_mel_bins": "num_mel_bins", "d_model": "d_model", "num_layers": "encoder_layers",
+            "num_heads": "encoder_attention_heads", "ffn_dim": "encoder_ffn_dim",
+            "max_source_positions": "max_source_positions", "n_window": "n_window", "output_dim": "output_dim"}))
 
 
 @dataclass(frozen=True)
-class ThinkerConfig:
-    text: DecoderConfig
-    audio: AudioEncoderConfig
-    audio_token_id: int
-    audio_start_token_id: int
+class ThinkerConfig(ThinkerConfigBase):
+    """``text``: a :class:`DecoderConfig`, ``audio``: an :class:`AudioEncoderConfig`."""
+
     audio_end_token_id: int
     tie_word_embeddings: bool
     position_id_per_seconds: int
@@ -123,19 +104,16 @@ class ThinkerConfig:
 
     @classmethod
     def from_dict(cls, d: dict, where: str = "thinker_config") -> "ThinkerConfig":
-        text = DecoderConfig.from_dict(config_field(d, "text_config", where), f"{where}.text_config")
-        audio = AudioEncoderConfig.from_dict(config_field(d, "audio_config", where), f"{where}.audio_config")
-        if audio.output_dim != text.hidden_size:
-            raise ConfigError(f"{where}.audio_config.output_dim {audio.output_dim} != text hidden_size {text.hidden_size}")
+        text, audio = read_thinker_parts(d, where, DecoderConfig, AudioEncoderConfig)
         tie = d.get("tie_word_embeddings")
         if tie is None:
             tie = d["text_config"].get("tie_word_embeddings", False)
         return cls(
             text=text,
             audio=audio,
-            audio_token_id=int(config_field(d, "audio_token_index", where)),
-            audio_start_token_id=int(config_field(d, "audio_start_token_id", where)),
-            audio_end_token_id=int(config_field(d, "audio_end_token_id", where)),
+            **int_fields(d, where, {"audio_token_id": "audio_token_index",
+                                    "audio_start_token_id": "audio_start_token_id",
+                                    "audio_end_token_id": "audio_end_token_id"}),
             tie_word_embeddings=bool(tie),
             position_id_per_seconds=int(config_field(d, "position_id_per_seconds", where, 25)),
             seconds_per_chunk=int(config_field(d, "seconds_per_chunk", where, 2)),
@@ -155,16 +133,11 @@ class TalkerConfig:
 
     @classmethod
     def from_dict(cls, d: dict, where: str = "talker_config") -> "TalkerConfig":
-        return cls(
-            decoder=DecoderConfig.from_dict(d, where),
-            codec_bos_id=int(config_field(d, "tts_codec_start_token_id", where)),
-            codec_eos_id=int(config_field(d, "tts_codec_end_token_id", where)),
-            codec_pad_id=int(config_field(d, "tts_codec_pad_token_id", where)),
-            codec_mask_id=int(config_field(d, "tts_codec_mask_token_id", where)),
-            text_bos_id=int(config_field(d, "tts_text_start_token_id", where)),
-            text_eos_id=int(config_field(d, "tts_text_end_token_id", where)),
-            text_pad_id=int(config_field(d, "tts_text_pad_token_id", where)),
-        )
+        return cls(decoder=DecoderConfig.from_dict(d, where), **int_fields(d, where, {
+            "codec_bos_id": "tts_codec_start_token_id", "codec_eos_id": "tts_codec_end_token_id",
+            "codec_pad_id": "tts_codec_pad_token_id", "codec_mask_id": "tts_codec_mask_token_id",
+            "text_bos_id": "tts_text_start_token_id", "text_eos_id": "tts_text_end_token_id",
+            "text_pad_id": "tts_text_pad_token_id"}))
 
     @property
     def stop_ids(self) -> tuple[int, ...]:
@@ -181,12 +154,7 @@ class OmniConfig:
 
     @classmethod
     def from_dict(cls, d: dict, where: str = "config.json") -> "OmniConfig":
-        model_type = d.get("model_type")
-        if model_type != MODEL_TYPE:
-            what = model_type or "no model_type"
-            arch = d.get("architectures")
-            raise ConfigError(f"{where}: not a Qwen2.5-Omni checkpoint (model_type is '{what}'"
-                              f"{', architectures ' + str(arch) if arch else ''}; expected '{MODEL_TYPE}')")
+        expect_model_type(d, where, MODEL_TYPE, "Qwen2.5-Omni", name_architectures=True)
         thinker = ThinkerConfig.from_dict(config_field(d, "thinker_config", where), "thinker_config")
         audio_out = d.get("enable_audio_output", True)
         talker = TalkerConfig.from_dict(config_field(d, "talker_config", where)) if audio_out else None

@@ -1,6 +1,9 @@
 """The Qwen2 decoder shared by the thinker and the talker.
 
-Two ways to run a step over a preallocated :class:`KVCache`:
+What is Qwen2's own: q/k/v biases, q and k rotated together, and TMRoPE
+(:class:`MultimodalRotary`).  The rest (attention over a preallocated
+:class:`KVCache`, the fused MLP, the layer, the two step forms and their masks)
+is :mod:`omnidesk.models.decoder_layers`, shared with Qwen3-Omni:
 
 * eager (``input_pos=None``): positions follow ``cache.length``; attention
   reads only the valid prefix ``[:length]``.  Fastest on the CPU, any T.
@@ -16,15 +19,14 @@ at load time (``wqkv``, ``w13``), one matmul each instead of three / two.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
-from torch import nn
 
+from ..decoder_layers import CachedAttention, CachedDecoder, GatedMLP, PreNormLayer, RotaryTable, chunk_mask
 from ..kv_cache import KVCache
-from ..layers import RMSNorm, apply_rotary
+from ..layers import apply_rotary
 from .config import DecoderConfig
 
 
-class MultimodalRotary(nn.Module):
+class MultimodalRotary(RotaryTable):
     """TMRoPE: rotary angles from three position axes (time, height, width).
 
     The rotary frequencies are split into ``mrope_section`` groups and group i
@@ -45,17 +47,10 @@ class MultimodalRotary(nn.Module):
         self.register_buffer("inv_freq", inv_freq, persistent=False)
         self.register_buffer("axis", axis, persistent=False)
 
-    def table(self, length: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin [length, head_dim] for positions 0..length-1 equal on all three axes (text and audio).
-
-        Kept and grown by doubling, so a decode step slices it instead of computing angles."""
-        cached = getattr(self, "_table", None)
-        if (cached is None or cached[0].shape[0] < length or cached[0].dtype != dtype
-                or cached[0].device != self.inv_freq.device):
-            n = max(length, 2 * cached[0].shape[0] if cached is not None else 256)
-            pos = torch.arange(n, device=self.inv_freq.device).unsqueeze(0).expand(3, -1)
-            self._table = self(pos, dtype)
-        return self._table
+    def compute(self, n: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """The table of positions 0..n-1 equal on all three axes (text and audio)."""
+        pos = torch.arange(n, device=self.inv_freq.device).unsqueeze(0).expand(3, -1)
+        return self(pos, dtype)
 
     def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """positions: [3, T] long -> cos, sin: [T, head_dim]."""
@@ -66,91 +61,33 @@ class MultimodalRotary(nn.Module):
         return emb.cos().to(dtype), emb.sin().to(dtype)
 
 
-class Attention(nn.Module):
-    def __init__(self, cfg: DecoderConfig, layer_idx: int):
-        super().__init__()
-        self.layer_idx = layer_idx
-        self.n_heads, self.n_kv, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        self.group = self.n_heads // self.n_kv
-        self.q_size = self.n_heads * self.head_dim
-        self.kv_size = self.n_kv * self.head_dim
-        self.wqkv = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=True)
-        self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=False)
-        self.scale = self.head_dim ** -0.5
+class Attention(CachedAttention):
+    """Qwen2 attention: q/k/v with biases, q and k rotated together (one call for all their heads)."""
 
-    def forward(self, x, cos, sin, cache: KVCache, start: int, kv_len: int | None,
-                input_pos: torch.Tensor | None, mask: torch.Tensor | None) -> torch.Tensor:
+    def __init__(self, cfg: DecoderConfig, layer_idx: int):
+        super().__init__(cfg, layer_idx, qkv_bias=True)
+
+    def forward(self, x, cos, sin, cache: KVCache, start: int, mask: torch.Tensor | None,
+                input_pos: torch.Tensor | None = None) -> torch.Tensor:
+        """x [1, T, H] at positions [start, start + T), or at ``input_pos`` (static form)."""
         _, t, _ = x.shape
         qk, v = self.wqkv(x).split((self.q_size + self.kv_size, self.kv_size), dim=-1)
         # q and k heads rotated in one go
         qk = apply_rotary(qk.view(1, t, self.n_heads + self.n_kv, self.head_dim).transpose(1, 2), cos, sin)
         q, k = qk[:, :self.n_heads], qk[:, self.n_heads:]
         v = v.view(1, t, self.n_kv, self.head_dim).transpose(1, 2)
-        ck, cv = cache.k[self.layer_idx], cache.v[self.layer_idx]
-        if input_pos is None:
-            ck[:, :, start:start + t] = k
-            cv[:, :, start:start + t] = v
-            keys, values = ck[:, :, :kv_len], cv[:, :, :kv_len]
-        else:
-            ck.index_copy_(2, input_pos, k)
-            cv.index_copy_(2, input_pos, v)
-            keys, values = ck, cv
-        # Grouped-query attention without repeating K/V: the query heads that
-        # share a KV head become extra query rows of that head.
-        qg = q.reshape(1, self.n_kv, self.group * t, self.head_dim)
-        if t == 1 and x.device.type == "cpu":
-            # A one-token decode step: plain matmul-softmax-matmul.  The fused CPU
-            # kernel costs ~1 ms of fixed overhead here, far more than the math.
-            scores = torch.matmul(qg, keys.transpose(-1, -2)) * self.scale
-            if mask is not None:  # static shape: the positions after input_pos are not valid yet
-                scores = scores.masked_fill(~mask, float("-inf"))
-            out = torch.matmul(scores.softmax(dim=-1, dtype=torch.float32).to(values.dtype), values)
-        else:
-            out = F.scaled_dot_product_attention(qg, keys, values, attn_mask=mask, scale=self.scale)
-        out = out.view(1, self.n_heads, t, self.head_dim).transpose(1, 2).reshape(1, t, self.q_size)
-        return self.o_proj(out)
+        return self.attend(q, k, v, cache, start, mask, input_pos)
 
 
-class MLP(nn.Module):
-    def __init__(self, cfg: DecoderConfig):
-        super().__init__()
-        self.intermediate = cfg.intermediate_size
-        self.w13 = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.w13(x).split(self.intermediate, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+def decoder_layer(cfg: DecoderConfig, layer_idx: int) -> PreNormLayer:
+    return PreNormLayer(cfg, Attention(cfg, layer_idx), GatedMLP(cfg.hidden_size, cfg.intermediate_size))
 
 
-class DecoderLayer(nn.Module):
-    def __init__(self, cfg: DecoderConfig, layer_idx: int):
-        super().__init__()
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = Attention(cfg, layer_idx)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = MLP(cfg)
-
-    def forward(self, x, cos, sin, cache, start, kv_len, input_pos, mask):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache, start, kv_len, input_pos, mask)
-        return x + self.mlp(self.post_attention_layernorm(x))
-
-
-class Decoder(nn.Module):
+class Decoder(CachedDecoder):
     """Layers + final norm of a Qwen2 decoder; embeddings and heads belong to the caller."""
 
     def __init__(self, cfg: DecoderConfig):
-        super().__init__()
-        self.cfg = cfg
-        self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_layers))
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.rotary = MultimodalRotary(cfg)
-        self.group = cfg.num_heads // cfg.num_kv_heads
-
-    def new_cache(self, capacity: int, device=None, dtype=None) -> KVCache:
-        p = self.norm.weight
-        return KVCache(self.cfg.num_layers, self.cfg.num_kv_heads, self.cfg.head_dim, capacity,
-                       dtype=dtype or p.dtype, device=device or p.device)
+        super().__init__(cfg, (decoder_layer(cfg, i) for i in range(cfg.num_layers)), MultimodalRotary(cfg))
 
     def forward(self, x: torch.Tensor, cache: KVCache, rope_positions: torch.Tensor | None = None) -> torch.Tensor:
         """Eager step: x [1, T, H] at cache positions [length, length+T); returns normed hidden [1, T, H].
@@ -160,34 +97,25 @@ class Decoder(nn.Module):
         """
         t = x.shape[1]
         start = cache.reserve(t)
-        kv_len = start + t
-        mask = None
-        if t > 1:
-            pos = torch.arange(start, kv_len, device=x.device)
-            # causal inside the new chunk, everything before it visible
-            causal = torch.arange(kv_len, device=x.device)[None, :] <= pos[:, None]
-            mask = causal.repeat(self.group, 1)
+        end = start + t
+        mask = chunk_mask(start, end, self.group, x.device)
         if rope_positions is None:
-            cos, sin = self.rotary.table(kv_len, x.dtype)
-            cos, sin = cos[start:kv_len], sin[start:kv_len]
+            cos, sin = self.rotary.span(start, end, x.dtype)
         else:
             cos, sin = self.rotary(rope_positions, x.dtype)
         for layer in self.layers:
-            x = layer(x, cos, sin, cache, start, kv_len, None, mask)
-        cache.length = kv_len
+            x = layer(x, cos, sin, cache, start, mask)
+        cache.length = end
         return self.norm(x)
 
     def forward_static(self, x: torch.Tensor, cache: KVCache, input_pos: torch.Tensor,
                        rope_positions: torch.Tensor | None = None) -> torch.Tensor:
         """Static-shape step: x [1, T, H] written at ``input_pos`` [T]; ``cache.length`` is left to the caller."""
-        span = cache.k[0].shape[2]  # the capacity, or a shorter view of the cache (KVCache.span)
-        valid = torch.arange(span, device=x.device)[None, :] <= input_pos[:, None]
-        mask = valid.repeat(self.group, 1)
+        mask = self.static_mask(cache, input_pos)  # over the capacity, or a shorter view of the cache (KVCache.span)
         if rope_positions is None:
-            cos, sin = self.rotary.table(cache.capacity, x.dtype)
-            cos, sin = cos.index_select(0, input_pos), sin.index_select(0, input_pos)
+            cos, sin = self.rotary.at(input_pos, cache.capacity, x.dtype)
         else:
             cos, sin = self.rotary(rope_positions, x.dtype)
         for layer in self.layers:
-            x = layer(x, cos, sin, cache, 0, None, input_pos, mask)
+            x = layer(x, cos, sin, cache, 0, mask, input_pos)
         return self.norm(x)

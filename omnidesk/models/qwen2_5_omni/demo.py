@@ -11,13 +11,13 @@ in code would break it.
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
 import torch
 
 from ..cache_dir import user_cache_dir, write_checkpoint_dir
+from ..omni_checkpoint import whisper_preprocessor, write_demo_files
 from .config import OmniConfig
 from .loading import OmniModel, VoiceDims, voice_from_entry, weight_map
 from ..random_init import init_module_
@@ -99,10 +99,7 @@ def demo_config() -> dict:
     }
 
 
-PREPROCESSOR = {"feature_extractor_type": "WhisperFeatureExtractor", "feature_size": 128, "sampling_rate": 16000,
-                "hop_length": 160, "n_fft": 400, "chunk_length": 300, "n_samples": 4800000, "nb_max_frames": 30000,
-                "padding_side": "right", "padding_value": 0.0, "dither": 0.0, "return_attention_mask": True,
-                "processor_class": "Qwen2_5OmniProcessor"}
+PREPROCESSOR = whisper_preprocessor("Qwen2_5OmniProcessor")
 
 
 # A random BigVGAN is nearly silent (RMS ~1e-6 of full scale); the demo's replies must be
@@ -120,8 +117,6 @@ def make_demo(path: str | os.PathLike | None = None, force: bool = False) -> Pat
 
 
 def _write_demo(root: Path) -> None:
-    from safetensors.torch import save_file
-
     raw = demo_config()
     cfg = OmniConfig.from_dict(raw)
     g = torch.Generator().manual_seed(SEED)
@@ -141,20 +136,8 @@ def _write_demo(root: Path) -> None:
         voice = vocoder.voice(chelsie.cond, chelsie.ref_mel)
         wave = vocoder.offline(codes, voice, seed=SEED)
         vocoder.bigvgan.conv_post.weight.mul_(TARGET_RMS / wave.pow(2).mean().sqrt())
-    params = dict(model.named_parameters())
-    tensors = {}
-    for ckpt_name, target in weight_map(cfg, model).items():
-        t = params[target.param]
-        if target.rows is not None:
-            t = t[target.rows[0]:target.rows[1]]
-        tensors[ckpt_name] = t.detach().contiguous().clone()
-    save_file(tensors, str(root / "model.safetensors"), metadata={"format": "pt"})
-    (root / "config.json").write_text(json.dumps(raw, indent=2))
     ids = write_tokenizer_files(root, vocab_size=TOKENIZER_VOCAB, first_special_id=FIRST_SPECIAL_ID)
-    thinker_eos = [ids["im_end"], ids["endoftext"]]
-    (root / "generation_config.json").write_text(json.dumps({"eos_token_id": thinker_eos, "pad_token_id":
-                                                             ids["endoftext"]}, indent=2))
-    (root / "preprocessor_config.json").write_text(json.dumps(PREPROCESSOR, indent=2))
+    write_demo_files(root, raw, model, weight_map(cfg, model), ids, PREPROCESSOR)
     assert all(voices[name]["bos_token"] == ids[f"speaker_{i}"] for i, name in enumerate(voices))
     torch.save(voices, root / "spk_dict.pt")
 

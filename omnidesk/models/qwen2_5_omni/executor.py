@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from ...engine.executor import stage
+from ..omni_executor import executor_with_limits
 from ..sampling import Sampler, SamplingParams, device_generator, sample
 from ..thinker_talker import (DEFAULT_CHARS_PER_SECOND, ReplyState, ThinkerTalkerExecutor, generation_defaults,
                               guard_finite)
@@ -29,6 +30,10 @@ from .loading import OmniStack
 from .reply import SPEECH_SYSTEM_PROMPT, talker_defaults, thinker_stop_ids
 from .tokenizer import SPECIAL_TOKENS
 from .vocoder import StreamingPlan
+
+
+# The demo's replies when the caller sets no limits: about 6 s of speech (50 codes per second).
+DEMO_LIMITS = {"max_reply_tokens": 48, "max_codec_tokens": 300}
 
 
 def thinker_defaults(stack: OmniStack) -> SamplingParams:
@@ -176,13 +181,6 @@ def executor_for(stack: OmniStack, greedy: bool = False, max_text_tokens: int | 
     at about 6 s unless the caller sets limits."""
     from .demo import is_demo
 
-    limits: dict[str, int] = {}
-    if is_demo(stack.config.raw):
-        limits = {"max_reply_tokens": 48, "max_codec_tokens": 300}
-    if max_text_tokens:
-        limits["max_reply_tokens"] = max_text_tokens
-    if max_codec_tokens:
-        limits["max_codec_tokens"] = max_codec_tokens
-    return QwenOmniExecutor(
-        stack, **limits, thinker_sampling=SamplingParams(greedy=True) if greedy else thinker_defaults(stack),
-        talker_sampling=talker_defaults(stack, greedy=greedy), compile=compile)
+    return executor_with_limits(QwenOmniExecutor, stack, talker_defaults(stack, greedy=greedy),
+                                DEMO_LIMITS if is_demo(stack.config.raw) else None, greedy, max_text_tokens,
+                                max_codec_tokens, compile)

@@ -27,17 +27,16 @@ from pathlib import Path
 
 import torch
 
-from ..checkpoint import (DEFAULT_DEVICE_DTYPE, CheckpointError, ConfigError, MappingReport, ModelTooLargeError,
-                          Target, copy_tensors, match_tensors, materialize, checkpoint_shapes, require_file,
-                          read_json, resolve_checkpoint, weight_files)
+from ..checkpoint import (DEFAULT_DEVICE_DTYPE, CheckpointError, ConfigError, MappingReport, Target, copy_tensors,
+                          match_tensors, materialize, checkpoint_shapes, module_targets, require_file, read_json,
+                          resolve_checkpoint, unused_by_prefix, weight_files)
 from ...features import FeatureConfig
 from ..memory import cpu_ram_problem, gib
+from ..omni_checkpoint import OmniStackBase, read_generation_config, refuse_if_too_large, require_side_files
 from ..quant import (QUANTIZE_CHOICES, QuantConfig, describe_paths, load_linears,
                      path_summary, quant_targets, quantized_in_checkpoint, read_quant_config, replace_linears)
 from .config import DecoderConfig, OmniConfig
 from .model import OmniModel, decoder_linears, quantizable_linears
-from .talker import Talker
-from .thinker import Thinker
 from .tokenizer import Tokenizer
 from .vocoder import Token2Wav
 
@@ -88,9 +87,7 @@ def weight_map(cfg: OmniConfig, model: OmniModel | None = None, quant: QuantConf
         with torch.device("meta"):
             model = OmniModel(cfg)
     t = cfg.thinker.text
-    out: dict[str, Target] = {}
-    for name, p in model.thinker.audio_encoder.state_dict().items():
-        out[f"thinker.audio_tower.{name}"] = Target(f"thinker.audio_encoder.{name}", tuple(p.shape))
+    out = module_targets(model.thinker.audio_encoder, "thinker.audio_tower.", "thinker.audio_encoder.")
     out["thinker.model.embed_tokens.weight"] = Target("thinker.embed_tokens.weight", (t.vocab_size, t.hidden_size))
     out["thinker.lm_head.weight"] = Target("thinker.lm_head.weight", (t.vocab_size, t.hidden_size))
     out.update(_decoder_map("thinker.model", "thinker.decoder", t, quant, quantized))
@@ -103,18 +100,20 @@ def weight_map(cfg: OmniConfig, model: OmniModel | None = None, quant: QuantConf
         out["talker.codec_head.weight"] = Target("talker.codec_head.weight", (k.vocab_size, k.hidden_size))
         out.update(_decoder_map("talker.model", "talker.decoder", k, quant, quantized))
     if model.vocoder is not None:
-        ours_to_ckpt = {v: c for c, v in VOCODER_PREFIXES.items()}
-        for part in ("dit", "bigvgan"):
-            ours = f"vocoder.{part}."
-            for name, p in getattr(model.vocoder, part).state_dict().items():
-                out[ours_to_ckpt[ours] + name] = Target(ours + name, tuple(p.shape))
+        for ckpt, ours in VOCODER_PREFIXES.items():
+            out.update(module_targets(model.get_submodule(ours.rstrip(".")), ckpt, ours))
     return out
 
 
 # ---------------------------------------------------------------- checks
 
-def _unused(name: str) -> str | None:
-    return next((r for p, r in UNUSED_PREFIXES.items() if name.startswith(p)), None)
+_unused = unused_by_prefix(UNUSED_PREFIXES)
+
+
+def without_speech(shapes: dict[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
+    """The tensors a checkpoint without speech output loads: talker and vocoder tensors are neither
+    loaded nor unexpected."""
+    return {n: s for n, s in shapes.items() if not n.startswith(("talker.", "token2wav."))}
 
 
 def check_mapping(cfg: OmniConfig, shapes: dict[str, tuple[int, ...]], model: OmniModel | None = None,
@@ -143,29 +142,17 @@ class Voice:
 
 
 @dataclass
-class OmniStack:
-    """Everything needed to listen, think and talk with one checkpoint."""
+class OmniStack(OmniStackBase):
+    """Everything needed to listen, think and talk with one Qwen2.5-Omni checkpoint: an
+    :class:`OmniModel`, its :class:`Tokenizer`, the voices of spk_dict.pt."""
 
-    path: Path
     config: OmniConfig
     model: OmniModel
     tokenizer: Tokenizer
-    features: FeatureConfig
     voices: dict[str, Voice]
-    generation_config: dict
-    dtype: torch.dtype
-    device: torch.device
     # None: float weights; else what is quantized and how it runs: {"format": "gptq-int4" | "awq-int4" | "int8",
     # "label", "group_size", "desc_act", "linears", "paths": {path: count}, "summary"} (see omnidesk.models.quant)
     quantization: dict | None = None
-
-    @property
-    def thinker(self) -> Thinker:
-        return self.model.thinker
-
-    @property
-    def talker(self) -> Talker | None:
-        return self.model.talker
 
     @property
     def vocoder(self) -> Token2Wav | None:
@@ -317,33 +304,24 @@ def load_stack(model: str | os.PathLike, device: str | torch.device = "cpu", dty
         int8 = False
     if not enable_talker and cfg.talker is not None:
         cfg = OmniConfig(thinker=cfg.thinker, talker=None, token2wav=None, raw=cfg.raw)
-    # refuse with a suggestion instead of dying of out-of-memory halfway through loading
     from .memory import check_fits, estimate_memory
 
     mode = "int4" if quant is not None else "int8" if int8 else None
     group = quant.group_size if quant else 128
-    if device.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(device)
-        problem = check_fits(estimate_memory(cfg, dtype, context_tokens, quantization=mode, group_size=group), free)
-        if problem:
-            raise ModelTooLargeError(f"{root}: {problem}")
-    elif device.type == "cpu":  # the 7B is ~36 GiB in fp32: more than most desktops have
-        problem = cpu_ram_problem(estimate_memory(cfg, dtype, context_tokens, quantization=mode, group_size=group).total,
-                                  dtype, _smaller_on_cpu(cfg, dtype, context_tokens, mode))
-        if problem:
-            raise ModelTooLargeError(f"{root}: {problem}")
-    for name in ("tokenizer.json", "tokenizer_config.json", "preprocessor_config.json"):
-        require_file(root, name)
+    # the 7B is ~36 GiB in fp32: more than most desktops have
+    refuse_if_too_large(root, device, dtype,
+                        lambda: estimate_memory(cfg, dtype, context_tokens, quantization=mode, group_size=group),
+                        check_fits, lambda: _smaller_on_cpu(cfg, dtype, context_tokens, mode))
+    require_side_files(root)
     voices = load_voices(require_file(root, "spk_dict.pt"), cfg) if cfg.talker is not None else {}
     tokenizer = Tokenizer.from_dir(root)
     features = FeatureConfig.from_preprocessor_config(root / "preprocessor_config.json")
-    gen_path = root / "generation_config.json"
-    generation_config = read_json(gen_path) if gen_path.is_file() else {}  # ConfigError naming the file
+    generation_config = read_generation_config(root)
 
     files = weight_files(root)
     shapes = checkpoint_shapes(files)
-    if cfg.talker is None:  # no speech output: talker and vocoder tensors are neither loaded nor unexpected
-        shapes = {n: s for n, s in shapes.items() if not n.startswith(("talker.", "token2wav."))}
+    if cfg.talker is None:  # no speech output
+        shapes = without_speech(shapes)
 
     with torch.device("meta"):
         omni = OmniModel(cfg)

@@ -9,12 +9,10 @@ decoder linears count in 8 or 4 bits (see :func:`~omnidesk.models.memory.quantiz
 
 from __future__ import annotations
 
-import functools
-import json
-
 import torch
 
-from ..memory import MemoryEstimate, ModelShape, estimate_for_shape, gib, max_context, torch_dtype
+from ..memory import (MemoryEstimate, ModelShape, estimate_for_shape, gib, max_context, param_count, shape_per_config,
+                      torch_dtype)
 from .config import OmniConfig
 from .model import OmniModel, decoder_linears
 
@@ -35,24 +33,19 @@ SMALLER_SHAPE = ModelShape(llm_params=4_034_780_160 + 384_604_928, vocoder_param
                            max_positions=32768, quantizable=SMALLER_QUANTIZABLE, quantizable_rows=SMALLER_ROWS)
 
 
-@functools.lru_cache(maxsize=8)
-def _shape_from_json(raw_json: str) -> ModelShape:
-    cfg = OmniConfig.from_dict(json.loads(raw_json))
+def _shape(raw: dict) -> ModelShape:
+    cfg = OmniConfig.from_dict(raw)
     with torch.device("meta"):
         model = OmniModel(cfg)
-
-    def count(module) -> int:
-        return sum(p.numel() for p in module.parameters()) if module is not None else 0
-
     t = cfg.thinker.text
-    thinker = count(model.thinker)
+    thinker = param_count(model.thinker)
     if cfg.thinker.tie_word_embeddings:  # lm_head shares the embedding's storage once loaded
         thinker -= model.thinker.lm_head.weight.numel()
     talker = None if cfg.talker is None else cfg.talker.decoder
     linears = decoder_linears("thinker.model", "thinker.decoder", t)
     return ModelShape(
-        llm_params=thinker + count(model.talker),
-        vocoder_params=count(model.vocoder),
+        llm_params=thinker + param_count(model.talker),
+        vocoder_params=param_count(model.vocoder),
         thinker_kv=(t.num_layers, t.num_kv_heads, t.head_dim),
         talker_kv=None if talker is None else (talker.num_layers, talker.num_kv_heads, talker.head_dim),
         talker_row_width=0 if talker is None else talker.embedding_size,
@@ -62,9 +55,7 @@ def _shape_from_json(raw_json: str) -> ModelShape:
     )
 
 
-def model_shape(config: OmniConfig) -> ModelShape:
-    """Parameter counts (from our modules built on the meta device) and cache dimensions."""
-    return _shape_from_json(json.dumps(config.raw, sort_keys=True))
+model_shape = shape_per_config(_shape)
 
 
 def estimate_memory(config: OmniConfig, dtype, context_tokens: int, talker_codes: int = 4096,

@@ -7,8 +7,9 @@ import time
 import numpy as np
 import torch
 
+from ..omni_executor import one_turn
 from ..sampling import SamplingParams
-from ..thinker_talker import Reply, run_turn
+from ..thinker_talker import Reply
 from .executor import QwenOmniExecutor
 from .loading import OmniStack
 from .reply import SPEECH_SYSTEM_PROMPT
@@ -20,12 +21,8 @@ def generate_reply(stack: OmniStack, waveform: torch.Tensor, voice: str | None =
                    max_text_tokens: int = 256, max_codec_tokens: int = 2048, seed: int = 0, speak: bool = True,
                    system_prompt: str = SPEECH_SYSTEM_PROMPT, compile: str | None = "off") -> Reply:
     """One turn for a whole utterance (16 kHz mono); the thinker's sampling defaults to greedy."""
-    ex = QwenOmniExecutor(stack, max_reply_tokens=max_text_tokens, max_codec_tokens=max_codec_tokens,
-                          system_prompt=system_prompt, compile=compile,
-                          thinker_sampling=thinker_sampling or SamplingParams(greedy=True),
-                          talker_sampling=talker_sampling)
-    ex.runner.wait_ready()  # compiling asked for (``compile``): one turn is all there is, so wait for it
-    return run_turn(ex, waveform, voice, seed, speak)
+    return one_turn(QwenOmniExecutor, stack, waveform, voice, thinker_sampling, talker_sampling, max_text_tokens,
+                    max_codec_tokens, seed, speak, system_prompt, compile)
 
 
 def speak(stack: OmniStack, reply: Reply, voice_name: str, seed: int = 0) -> tuple[np.ndarray, int, list[str]]:

@@ -40,7 +40,7 @@ class Thinker(nn.Module):
         return self.decoder(embeds.unsqueeze(0), cache)[0]
 
     def forward_static(self, embeds: torch.Tensor, cache: KVCache, input_pos: torch.Tensor) -> torch.Tensor:
-        """Static-shape variant of :meth:`forward` for graph capture (see layers.Decoder)."""
+        """Static-shape variant of :meth:`forward` for graph capture (see decoder.Decoder)."""
         return self.decoder.forward_static(embeds.unsqueeze(0), cache, input_pos)[0]
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

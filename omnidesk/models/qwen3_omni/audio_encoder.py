@@ -58,7 +58,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..checkpoint import ConfigError
-from ..layers import WindowAttention, sinusoid_table
+from ..layers import sinusoid_table
+from ..whisper_encoder import WhisperEncoderLayer
 
 __all__ = ["AudioEncoderConfig", "AudioEncoder", "conv_frames"]
 
@@ -174,26 +175,6 @@ class AudioEncoderConfig:
         return full * self.chunk_tokens + conv_frames(rest)
 
 
-class AudioEncoderLayer(nn.Module):
-    def __init__(self, cfg: AudioEncoderConfig):
-        super().__init__()
-        d = cfg.d_model
-        self.act = _ACTIVATIONS[cfg.activation_function]
-        self.self_attn = WindowAttention(d, cfg.encoder_attention_heads, key_bias=True)
-        self.self_attn_layer_norm = nn.LayerNorm(d)
-        self.fc1 = nn.Linear(d, cfg.encoder_ffn_dim)
-        self.fc2 = nn.Linear(cfg.encoder_ffn_dim, d)
-        self.final_layer_norm = nn.LayerNorm(d)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.self_attn(self.self_attn_layer_norm(x))
-        x = x + self.fc2(self.act(self.fc1(self.final_layer_norm(x))))
-        if x.dtype == torch.float16:  # as the reference: keep fp16 activations finite
-            lim = torch.finfo(torch.float16).max - 1000
-            x = x.clamp(-lim, lim)
-        return x
-
-
 class AudioEncoder(nn.Module):
     """Log-mel ``[num_mel_bins, L]`` -> tokens ``[output_length(L), output_dim]``.
 
@@ -220,7 +201,9 @@ class AudioEncoder(nn.Module):
         self.conv2d2 = nn.Conv2d(ch, ch, 3, 2, padding=1)
         self.conv2d3 = nn.Conv2d(ch, ch, 3, 2, padding=1)
         self.conv_out = nn.Linear(cfg.conv_out_features, d, bias=False)
-        self.layers = nn.ModuleList(AudioEncoderLayer(cfg) for _ in range(cfg.encoder_layers))
+        self.layers = nn.ModuleList(
+            WhisperEncoderLayer(d, cfg.encoder_attention_heads, cfg.encoder_ffn_dim, self.act, key_bias=True)
+            for _ in range(cfg.encoder_layers))
         self.ln_post = nn.LayerNorm(d)
         self.proj1 = nn.Linear(d, d)
         self.proj2 = nn.Linear(d, cfg.output_dim)

@@ -13,7 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..checkpoint import ConfigError, config_field, load_config_file
+from ..checkpoint import ConfigError, config_field, expect_model_type, load_config_file
+from ..omni_checkpoint import ThinkerConfigBase, read_thinker_parts
 from .audio_encoder import AudioEncoderConfig
 from .code2wav import Code2WavConfig
 from .decoder import DecoderConfig
@@ -29,19 +30,12 @@ def _id(d: dict, key: str, where: str) -> int:
 
 
 @dataclass(frozen=True)
-class ThinkerConfig:
-    text: DecoderConfig
-    audio: AudioEncoderConfig
-    audio_token_id: int
-    audio_start_token_id: int
+class ThinkerConfig(ThinkerConfigBase):
+    """``text``: a :class:`DecoderConfig`, ``audio``: an :class:`AudioEncoderConfig`; no tied lm_head."""
 
     @classmethod
     def from_dict(cls, d: dict, where: str = "thinker_config") -> "ThinkerConfig":
-        text = DecoderConfig.from_dict(config_field(d, "text_config", where), f"{where}.text_config")
-        audio = AudioEncoderConfig.from_dict(config_field(d, "audio_config", where), f"{where}.audio_config")
-        if audio.output_dim != text.hidden_size:
-            raise ConfigError(f"{where}.audio_config.output_dim {audio.output_dim} != text_config.hidden_size "
-                              f"{text.hidden_size}")
+        text, audio = read_thinker_parts(d, where, DecoderConfig, AudioEncoderConfig)
         if config_field(d, "tie_word_embeddings", where, False) or config_field(d["text_config"], "tie_word_embeddings", where, False):
             raise ConfigError(f"{where}: tie_word_embeddings is true; Qwen3-Omni's thinker has its own lm_head")
         return cls(text=text, audio=audio, audio_token_id=_id(d, "audio_token_id", where),
@@ -119,10 +113,7 @@ class Qwen3OmniConfig:
 
     @classmethod
     def from_dict(cls, d: dict, where: str = "config.json") -> "Qwen3OmniConfig":
-        model_type = d.get("model_type")
-        if model_type != MODEL_TYPE:
-            what = model_type or "no model_type"
-            raise ConfigError(f"{where}: not a Qwen3-Omni checkpoint (model_type is '{what}'; expected '{MODEL_TYPE}')")
+        expect_model_type(d, where, MODEL_TYPE, "Qwen3-Omni")
         thinker = ThinkerConfig.from_dict(config_field(d, "thinker_config", where))
         audio_out = bool(d.get("enable_audio_output", True))
         talker = TalkerConfig.from_dict(config_field(d, "talker_config", where)) if audio_out else None

@@ -61,6 +61,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..checkpoint import ConfigError, Target, config_field
+from ..decoder_layers import (CachedAttention, CachedDecoder, DecoderShape, GatedMLP, PreNormLayer, RotaryTable,
+                              chunk_mask)
 from ..kv_cache import KVCache, KVSpan
 from ..layers import RMSNorm, apply_rotary
 
@@ -112,20 +114,14 @@ def _rope(d: dict, where: str) -> tuple[float, tuple[int, ...], bool]:
 
 
 @dataclass(frozen=True)
-class DecoderConfig:
-    """One Qwen3(-MoE) decoder; ``num_experts == 0`` means every layer is dense."""
+class DecoderConfig(DecoderShape):
+    """One Qwen3(-MoE) decoder; ``num_experts == 0`` means every layer is dense.
 
-    vocab_size: int
-    hidden_size: int
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    rms_norm_eps: float
-    rope_theta: float
-    mrope_section: tuple[int, ...]  # () for plain RoPE; only read to check the config (see module docstring)
+    ``mrope_section`` is () for plain RoPE and only read to check the config (see the module
+    docstring); ``intermediate_size``, the dense MLP width, serves the talker's projections,
+    never its layers."""
+
     mrope_interleaved: bool
-    intermediate_size: int  # dense MLP width (the talker's serves its projections, never its layers)
     num_experts: int = 0
     num_experts_per_tok: int = 0
     moe_intermediate_size: int = 0
@@ -135,14 +131,11 @@ class DecoderConfig:
     mlp_only_layers: tuple[int, ...] = ()
 
     def __post_init__(self):
-        if self.num_heads % self.num_kv_heads:
-            raise ConfigError(f"num_attention_heads {self.num_heads} is not a multiple of "
-                              f"num_key_value_heads {self.num_kv_heads}")
+        super().__post_init__()
         if self.head_dim % 2:
             raise ConfigError(f"head_dim {self.head_dim} must be even for rotary embeddings")
-        if self.mrope_section and sum(self.mrope_section) * 2 != self.head_dim:
-            raise ConfigError(f"mrope_section {list(self.mrope_section)} must sum to head_dim/2 = "
-                              f"{self.head_dim // 2}")
+        if self.mrope_section:
+            self.check_mrope_section()
         if self.num_experts and not 0 < self.num_experts_per_tok <= self.num_experts:
             raise ConfigError(f"num_experts_per_tok {self.num_experts_per_tok} must be in 1..num_experts "
                               f"({self.num_experts})")
@@ -224,10 +217,10 @@ class DecoderConfig:
 
 # ---------------------------------------------------------------- modules
 
-class Rotary(nn.Module):
+class Rotary(RotaryTable):
     """cos/sin tables of plain RoPE (half-split layout), positions 0..n-1.
 
-    Kept and grown by doubling, so a decode step slices instead of computing angles.
+    Kept and grown by doubling (:class:`~omnidesk.models.decoder_layers.RotaryTable`).
     Angles in fp32, cast to the model dtype, as the reference does."""
 
     def __init__(self, head_dim: int, theta: float):
@@ -245,33 +238,20 @@ class Rotary(nn.Module):
         self.inv_freq = self._inv_freq(self.inv_freq.device)
         self._table = None
 
-    def table(self, length: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin [>= length, head_dim]."""
-        t = self._table
-        if t is None or t[0].shape[0] < length or t[0].dtype != dtype or t[0].device != self.inv_freq.device:
-            n = max(length, 2 * t[0].shape[0] if t is not None else 256)
-            pos = torch.arange(n, device=self.inv_freq.device, dtype=torch.float)
-            freqs = pos[:, None] * self.inv_freq[None, :]
-            emb = torch.cat((freqs, freqs), dim=-1)
-            self._table = t = (emb.cos().to(dtype), emb.sin().to(dtype))
-        return t
+    def compute(self, n: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        pos = torch.arange(n, device=self.inv_freq.device, dtype=torch.float)
+        freqs = pos[:, None] * self.inv_freq[None, :]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return emb.cos().to(dtype), emb.sin().to(dtype)
 
 
-class Attention(nn.Module):
-    """GQA with per-head RMS norm on q and k (before RoPE); q/k/v fused into one matmul."""
+class Attention(CachedAttention):
+    """GQA with per-head RMS norm on q and k (before RoPE); q/k/v fused into one matmul, no biases."""
 
     def __init__(self, cfg: DecoderConfig, layer_idx: int):
-        super().__init__()
-        self.layer_idx = layer_idx
-        self.n_heads, self.n_kv, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        self.group = self.n_heads // self.n_kv
-        self.q_size = self.n_heads * self.head_dim
-        self.kv_size = self.n_kv * self.head_dim
-        self.wqkv = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=False)
-        self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=False)
+        super().__init__(cfg, layer_idx, qkv_bias=False)
         self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
         self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
-        self.scale = self.head_dim ** -0.5
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache | KVSpan, start: int,
                 mask: torch.Tensor | None, input_pos: torch.Tensor | None = None) -> torch.Tensor:
@@ -282,43 +262,7 @@ class Attention(nn.Module):
         q = apply_rotary(self.q_norm(q.view(t, self.n_heads, self.head_dim)).transpose(0, 1), cos, sin)
         k = apply_rotary(self.k_norm(k.view(t, self.n_kv, self.head_dim)).transpose(0, 1), cos, sin)
         v = v.view(t, self.n_kv, self.head_dim).transpose(0, 1)
-        ck, cv = cache.k[self.layer_idx][0], cache.v[self.layer_idx][0]  # [n_kv, capacity or span, D]
-        if input_pos is None:
-            end = start + t
-            ck[:, start:end] = k
-            cv[:, start:end] = v
-            keys, values = ck[:, :end], cv[:, :end]
-        else:
-            ck.index_copy_(1, input_pos, k)
-            cv.index_copy_(1, input_pos, v)
-            keys, values = ck, cv
-        # Grouped-query attention without repeating K/V: the query heads that
-        # share a KV head become extra query rows of that head.
-        qg = q.reshape(self.n_kv, self.group * t, self.head_dim)
-        if t == 1 and x.device.type == "cpu":
-            # one query per head: plain matmul-softmax-matmul (the fused CPU kernel's fixed cost is larger)
-            scores = torch.matmul(qg, keys.transpose(-1, -2)) * self.scale
-            if mask is not None:  # static form: positions after input_pos are not written yet
-                scores = scores.masked_fill(~mask, float("-inf"))
-            out = torch.matmul(scores.softmax(dim=-1, dtype=torch.float32).to(values.dtype), values)
-        else:
-            out = F.scaled_dot_product_attention(qg, keys, values, attn_mask=mask, scale=self.scale)
-        out = out.view(self.n_heads, t, self.head_dim).transpose(0, 1).reshape(t, self.q_size)
-        return self.o_proj(out)
-
-
-class MLP(nn.Module):
-    """Gated SiLU MLP with gate and up fused (``w13``: gate rows, then up rows)."""
-
-    def __init__(self, hidden: int, intermediate: int):
-        super().__init__()
-        self.intermediate = intermediate
-        self.w13 = nn.Linear(hidden, 2 * intermediate, bias=False)
-        self.down_proj = nn.Linear(intermediate, hidden, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.w13(x).split(self.intermediate, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        return self.attend(q, k, v, cache, start, mask, input_pos)
 
 
 class MoE(nn.Module):
@@ -335,7 +279,7 @@ class MoE(nn.Module):
         self.experts_w2 = nn.Parameter(torch.empty(e, h, i))
         self.shared_expert = self.shared_expert_gate = None
         if cfg.shared_expert_intermediate_size:
-            self.shared_expert = MLP(h, cfg.shared_expert_intermediate_size)
+            self.shared_expert = GatedMLP(h, cfg.shared_expert_intermediate_size)
             self.shared_expert_gate = nn.Linear(h, 1, bias=False)
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -434,36 +378,23 @@ def grouped_mm_works(dtype: torch.dtype) -> bool:
     return got.shape == want.shape and bool(torch.allclose(got.float(), want.float(), rtol=1e-2, atol=1e-2))
 
 
-class DecoderLayer(nn.Module):
+class DecoderLayer(PreNormLayer):
     def __init__(self, cfg: DecoderConfig, layer_idx: int):
-        super().__init__()
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = Attention(cfg, layer_idx)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = MoE(cfg) if cfg.is_sparse(layer_idx) else MLP(cfg.hidden_size, cfg.intermediate_size)
+        super().__init__(cfg, Attention(cfg, layer_idx), MoE(cfg) if cfg.is_sparse(layer_idx)
+                         else GatedMLP(cfg.hidden_size, cfg.intermediate_size))
         self.sparse = isinstance(self.mlp, MoE)
 
-    def forward(self, x, cos, sin, cache, start, mask, input_pos=None):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache, start, mask, input_pos)
-        h = self.post_attention_layernorm(x)
-        return x + (self.mlp.forward_static(h) if input_pos is not None and self.sparse else self.mlp(h))
+    def feed_forward(self, h: torch.Tensor, input_pos: torch.Tensor | None) -> torch.Tensor:
+        # a static (decode) step runs the experts without a host sync
+        return self.mlp.forward_static(h) if input_pos is not None and self.sparse else self.mlp(h)
 
 
-class Decoder(nn.Module):
+class Decoder(CachedDecoder):
     """Layers + final norm of a Qwen3 decoder; embeddings and heads belong to the caller."""
 
     def __init__(self, cfg: DecoderConfig):
-        super().__init__()
-        self.cfg = cfg
-        self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_layers))
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.rotary = Rotary(cfg.head_dim, cfg.rope_theta)
-        self.group = cfg.num_heads // cfg.num_kv_heads
-
-    def new_cache(self, capacity: int, dtype: torch.dtype | None = None, device=None) -> KVCache:
-        p = self.norm.weight
-        return KVCache(self.cfg.num_layers, self.cfg.num_kv_heads, self.cfg.head_dim, capacity,
-                       dtype=dtype or p.dtype, device=device or p.device)
+        super().__init__(cfg, (DecoderLayer(cfg, i) for i in range(cfg.num_layers)),
+                         Rotary(cfg.head_dim, cfg.rope_theta))
 
     def forward(self, embeds: torch.Tensor, cache: KVCache, hidden_layer: int | None = None):
         """Append embeds [T, H] at cache positions [length, length + T) -> final-normed hidden [T, H].
@@ -478,13 +409,8 @@ class Decoder(nn.Module):
         t = embeds.shape[0]
         start = cache.reserve(t)
         end = start + t
-        mask = None
-        if t > 1:
-            pos = torch.arange(start, end, device=embeds.device)
-            # causal inside the new chunk, everything before it visible
-            mask = (torch.arange(end, device=embeds.device)[None, :] <= pos[:, None]).repeat(self.group, 1)
-        cos, sin = self.rotary.table(end, embeds.dtype)
-        cos, sin = cos[start:end], sin[start:end]
+        mask = chunk_mask(start, end, self.group, embeds.device)
+        cos, sin = self.rotary.span(start, end, embeds.dtype)
         x = embeds
         picked = embeds if hidden_layer == 0 else None
         for i, layer in enumerate(self.layers):
@@ -504,10 +430,8 @@ class Decoder(nn.Module):
         Attends over the whole of ``cache`` (its capacity, or a :class:`KVSpan`'s first positions),
         masking every position after the query's own; ``cache.length`` is the caller's.  The rotary
         table must already cover ``cache.capacity`` (grow it before compiling: ``rotary.table``)."""
-        span = cache.k[0].shape[2]
-        mask = (torch.arange(span, device=embeds.device)[None, :] <= input_pos[:, None]).repeat(self.group, 1)
-        cos, sin = self.rotary.table(cache.capacity, embeds.dtype)
-        cos, sin = cos.index_select(0, input_pos), sin.index_select(0, input_pos)
+        mask = self.static_mask(cache, input_pos)
+        cos, sin = self.rotary.at(input_pos, cache.capacity, embeds.dtype)
         x = embeds
         for layer in self.layers:
             x = layer(x, cos, sin, cache, 0, mask, input_pos)

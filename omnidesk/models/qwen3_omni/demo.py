@@ -12,7 +12,6 @@ ids differ from the real model's, so an id written in code would break it.
 
 from __future__ import annotations
 
-import json
 import os
 from collections import OrderedDict
 from pathlib import Path
@@ -20,6 +19,7 @@ from pathlib import Path
 import torch
 
 from ..cache_dir import user_cache_dir, write_checkpoint_dir
+from ..omni_checkpoint import whisper_preprocessor, write_demo_files
 from ..qwen2_5_omni.tokenizer import chat_template, write_tokenizer_files
 from ..random_init import init_module_
 from .config import Qwen3OmniConfig
@@ -128,10 +128,7 @@ def demo_config(ids: dict[str, int], roles: dict[str, int]) -> dict:
     }
 
 
-PREPROCESSOR = {"feature_extractor_type": "WhisperFeatureExtractor", "feature_size": 128, "sampling_rate": 16000,
-                "hop_length": 160, "n_fft": 400, "chunk_length": 300, "n_samples": 4800000, "nb_max_frames": 30000,
-                "padding_side": "right", "padding_value": 0.0, "dither": 0.0, "return_attention_mask": True,
-                "processor_class": "Qwen3OmniMoeProcessor"}
+PREPROCESSOR = whisper_preprocessor("Qwen3OmniMoeProcessor")
 
 # A random code2wav is nearly silent; the demo's replies must be clearly audible, so the last
 # convolution is scaled to this RMS on a calibration stream of random codes.
@@ -148,8 +145,6 @@ def make_demo(path: str | os.PathLike | None = None, force: bool = False) -> Pat
 
 
 def _write_demo(root: Path) -> None:
-    from safetensors.torch import save_file
-
     from ..qwen2_5_omni.tokenizer import Tokenizer
 
     ids = write_tokenizer_files(root, vocab_size=TOKENIZER_VOCAB, first_special_id=FIRST_SPECIAL_ID,
@@ -172,16 +167,7 @@ def _write_demo(root: Path) -> None:
         wave = model.code2wav(codes)
         for p in model.code2wav.decoder[-1].parameters():  # the output conv (linear before the clamp)
             p.mul_(TARGET_RMS / float(wave.pow(2).mean().sqrt()))
-    tensors = {}
-    params = dict(model.named_parameters())
-    params.update(dict(model.named_buffers()))
-    for ckpt_name, target in weight_map(cfg, model).items():
-        tensors[ckpt_name] = target.destination(params).detach().contiguous().clone()
-    save_file(tensors, str(root / "model.safetensors"), metadata={"format": "pt"})
-    (root / "config.json").write_text(json.dumps(raw, indent=2))
-    (root / "generation_config.json").write_text(json.dumps({"eos_token_id": [ids["im_end"], ids["endoftext"]],
-                                                             "pad_token_id": ids["endoftext"]}, indent=2))
-    (root / "preprocessor_config.json").write_text(json.dumps(PREPROCESSOR, indent=2))
+    write_demo_files(root, raw, model, weight_map(cfg, model), ids, PREPROCESSOR)
 
 
 def is_demo(config_raw: dict) -> bool:

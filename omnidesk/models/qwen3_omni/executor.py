@@ -43,6 +43,7 @@ import torch
 
 from ...engine.executor import stage
 from ..kv_cache import KVCache, KVSpan
+from ..omni_executor import executor_with_limits
 from ..sampling import Sampler, SamplingParams, device_generator, sample
 from ..thinker_talker import (DEFAULT_CHARS_PER_SECOND, ReplyState, ThinkerTalkerExecutor, generation_defaults,
                               guard_finite)
@@ -52,6 +53,8 @@ from .loading import Qwen3OmniStack
 SAMPLE_RATE_OUT = 24000
 SYSTEM_PROMPT = ("You are a voice assistant talking with the user. Reply in short, natural spoken sentences, "
                  "without lists or formatting.")
+# The demo's replies when the caller sets no limits: about 6 s of speech (75 frames of 80 ms).
+DEMO_LIMITS = {"max_reply_tokens": 48, "max_codec_tokens": 75}
 
 
 def turn_roles(ids: list[int], im_start: int, before: list[int] = ()) -> list[int | None]:
@@ -326,14 +329,6 @@ def executor_for(stack: Qwen3OmniStack, greedy: bool = False, max_text_tokens: i
     (75 frames) unless the caller sets limits."""
     from .demo import is_demo
 
-    limits: dict[str, int] = {}
-    if is_demo(stack.config.raw):
-        limits = {"max_reply_tokens": 48, "max_codec_tokens": 75}
-    if max_text_tokens:
-        limits["max_reply_tokens"] = max_text_tokens
-    if max_codec_tokens:
-        limits["max_codec_tokens"] = max_codec_tokens
-    return Qwen3OmniExecutor(
-        stack, **limits,
-        thinker_sampling=SamplingParams(greedy=True) if greedy else generation_defaults(stack.generation_config),
-        talker_sampling=talker_defaults(stack, greedy=greedy), compile=compile)
+    return executor_with_limits(Qwen3OmniExecutor, stack, talker_defaults(stack, greedy=greedy),
+                                DEMO_LIMITS if is_demo(stack.config.raw) else None, greedy, max_text_tokens,
+                                max_codec_tokens, compile)

@@ -17,21 +17,20 @@ from __future__ import annotations
 import dataclasses
 import os
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
-from ..checkpoint import (DEFAULT_DEVICE_DTYPE, CheckpointError, MappingReport, ModelTooLargeError, Target,
-                          copy_tensors, match_tensors, materialize, checkpoint_shapes, require_file,
-                          read_json, resolve_checkpoint, weight_files)
+from ..checkpoint import (DEFAULT_DEVICE_DTYPE, CheckpointError, MappingReport, Target, copy_tensors, match_tensors,
+                          materialize, checkpoint_shapes, module_targets, require_file, resolve_checkpoint,
+                          unused_by_prefix, weight_files)
 from ...features import FeatureConfig
-from ..memory import cpu_ram_problem
+from ..omni_checkpoint import OmniStackBase, read_generation_config, refuse_if_too_large, require_side_files
 from ..qwen2_5_omni.tokenizer import Tokenizer
 from .config import Qwen3OmniConfig
 from .code2wav import Code2Wav
 from .model import Qwen3OmniModel
-from .talker import Talker, talker_weight_map
-from .thinker import Thinker, thinker_weight_map
+from .talker import talker_weight_map
+from .thinker import thinker_weight_map
 
 # Checkpoint prefixes we recognise but do not load, with the reason (shown by `models verify`).
 UNUSED_PREFIXES = {
@@ -44,20 +43,16 @@ def weight_map(cfg: Qwen3OmniConfig, model: Qwen3OmniModel | None = None) -> dic
     if model is None:
         with torch.device("meta"):
             model = Qwen3OmniModel(cfg)
-    out: dict[str, Target] = {}
-    for name, p in model.thinker.audio_encoder.state_dict().items():
-        out[f"thinker.audio_tower.{name}"] = Target(f"thinker.audio_encoder.{name}", tuple(p.shape))
+    out = module_targets(model.thinker.audio_encoder, "thinker.audio_tower.", "thinker.audio_encoder.")
     out.update(thinker_weight_map(cfg.thinker))
     if model.talker is not None:
         out.update(talker_weight_map(cfg.talker))
     if model.code2wav is not None:
-        for name, p in model.code2wav.state_dict().items():
-            out[f"code2wav.{name}"] = Target(f"code2wav.{name}", tuple(p.shape))
+        out.update(module_targets(model.code2wav, "code2wav.", "code2wav."))
     return out
 
 
-def _unused(name: str) -> str | None:
-    return next((r for p, r in UNUSED_PREFIXES.items() if name.startswith(p)), None)
+_unused = unused_by_prefix(UNUSED_PREFIXES)
 
 
 def check_mapping(cfg: Qwen3OmniConfig, shapes: dict[str, tuple[int, ...]],
@@ -67,25 +62,13 @@ def check_mapping(cfg: Qwen3OmniConfig, shapes: dict[str, tuple[int, ...]],
 
 
 @dataclass
-class Qwen3OmniStack:
-    """Everything needed to listen, think and talk with one Qwen3-Omni checkpoint."""
+class Qwen3OmniStack(OmniStackBase):
+    """Everything needed to listen, think and talk with one Qwen3-Omni checkpoint: a
+    :class:`Qwen3OmniModel`, its tokenizer, the speakers of config.json."""
 
-    path: Path
     config: Qwen3OmniConfig
     model: Qwen3OmniModel
     tokenizer: Tokenizer
-    features: FeatureConfig
-    generation_config: dict
-    dtype: torch.dtype
-    device: torch.device
-
-    @property
-    def thinker(self) -> Thinker:
-        return self.model.thinker
-
-    @property
-    def talker(self) -> Talker | None:
-        return self.model.talker
 
     @property
     def code2wav(self) -> Code2Wav | None:
@@ -125,24 +108,15 @@ def load_stack(model: str | os.PathLike, device: str | torch.device = "cpu", dty
                               f"or -Captioner model); OmniDesk needs one that speaks")
     from .memory import check_fits, estimate_memory
 
-    if device.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(device)
-        problem = check_fits(estimate_memory(cfg, dtype, context_tokens), free)
-        if problem:
-            raise ModelTooLargeError(f"{root}: {problem}")
-    elif device.type == "cpu":  # the real model is ~130 GiB in fp32
-        problem = cpu_ram_problem(estimate_memory(cfg, dtype, context_tokens).total, dtype)
-        if problem:
-            raise ModelTooLargeError(f"{root}: {problem}")
-    for name in ("tokenizer.json", "tokenizer_config.json", "preprocessor_config.json"):
-        require_file(root, name)
+    # the real model is ~130 GiB in fp32
+    refuse_if_too_large(root, device, dtype, lambda: estimate_memory(cfg, dtype, context_tokens), check_fits)
+    require_side_files(root)
     tokenizer = Tokenizer.from_dir(root)
     # The Qwen3-Omni processor pads an utterance to the longest of its batch (itself), not to 30 s
     # (Qwen3OmniMoeProcessor: padding=True): floor(n / hop) frames, the end reflected.
     features = dataclasses.replace(FeatureConfig.from_preprocessor_config(root / "preprocessor_config.json"),
                                    pad_to_longest=True)
-    gen_path = root / "generation_config.json"
-    generation_config = read_json(gen_path) if gen_path.is_file() else {}  # ConfigError naming the file
+    generation_config = read_generation_config(root)
 
     files = weight_files(root)
     shapes = checkpoint_shapes(files)

@@ -10,12 +10,10 @@ refusal says so and suggests what exists today.
 
 from __future__ import annotations
 
-import functools
-import json
-
 import torch
 
-from ..memory import MemoryEstimate, ModelShape, estimate_for_shape, gib, max_context, torch_dtype
+from ..memory import (MemoryEstimate, ModelShape, estimate_for_shape, gib, max_context, param_count, shape_per_config,
+                      torch_dtype)
 from .config import Qwen3OmniConfig
 from .model import Qwen3OmniModel
 
@@ -23,26 +21,21 @@ MIN_CONTEXT = 1024  # shorter contexts are not worth suggesting: a spoken turn a
 SMALLER_REPO = "Qwen/Qwen2.5-Omni-7B"
 
 
-@functools.lru_cache(maxsize=8)
-def _shape_from_json(raw_json: str) -> ModelShape:
-    cfg = Qwen3OmniConfig.from_dict(json.loads(raw_json))
+def _shape(raw: dict) -> ModelShape:
+    cfg = Qwen3OmniConfig.from_dict(raw)
     with torch.device("meta"):
         model = Qwen3OmniModel(cfg)
-
-    def count(module) -> int:
-        return sum(p.numel() for p in module.parameters()) if module is not None else 0
-
     t = cfg.thinker.text
     talker = cfg.talker.text if cfg.talker is not None else None
-    return ModelShape(llm_params=count(model.thinker) + count(model.talker), vocoder_params=count(model.code2wav),
+    return ModelShape(llm_params=param_count(model.thinker) + param_count(model.talker),
+                      vocoder_params=param_count(model.code2wav),
                       thinker_kv=(t.num_layers, t.num_kv_heads, t.head_dim),
                       talker_kv=(talker.num_layers, talker.num_kv_heads, talker.head_dim) if talker else None,
                       talker_row_width=talker.hidden_size if talker else 0,
                       max_positions=int(cfg.raw["thinker_config"]["text_config"].get("max_position_embeddings", 32768)))
 
 
-def model_shape(config: Qwen3OmniConfig) -> ModelShape:
-    return _shape_from_json(json.dumps(config.raw, sort_keys=True))
+model_shape = shape_per_config(_shape)
 
 
 def estimate_memory(config: Qwen3OmniConfig, dtype, context_tokens: int, talker_codes: int = 1500) -> MemoryEstimate:

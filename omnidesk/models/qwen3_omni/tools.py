@@ -8,8 +8,9 @@ import time
 import numpy as np
 import torch
 
+from ..omni_executor import one_turn
 from ..sampling import SamplingParams
-from ..thinker_talker import Reply, run_turn
+from ..thinker_talker import Reply
 from ..turn_bench import run as run_turn_bench
 from .executor import SYSTEM_PROMPT, Qwen3OmniExecutor, talker_defaults
 from .loading import Qwen3OmniStack
@@ -22,12 +23,8 @@ def generate_reply(stack: Qwen3OmniStack, waveform: torch.Tensor, voice: str | N
                    system_prompt: str = SYSTEM_PROMPT, compile: str | None = "off") -> Reply:
     """One turn for a whole utterance (16 kHz mono); the thinker's sampling defaults to greedy.
     ``max_codec_tokens`` counts 80 ms frames."""
-    ex = Qwen3OmniExecutor(stack, max_reply_tokens=max_text_tokens, max_codec_tokens=max_codec_tokens,
-                           system_prompt=system_prompt, compile=compile,
-                           thinker_sampling=thinker_sampling or SamplingParams(greedy=True),
-                           talker_sampling=talker_sampling)
-    ex.runner.wait_ready()  # compiling asked for (``compile``): one turn is all there is, so wait for it
-    return run_turn(ex, waveform, voice, seed, speak)
+    return one_turn(Qwen3OmniExecutor, stack, waveform, voice, thinker_sampling, talker_sampling, max_text_tokens,
+                    max_codec_tokens, seed, speak, system_prompt, compile)
 
 
 @torch.inference_mode()

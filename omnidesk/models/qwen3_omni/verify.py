@@ -10,74 +10,27 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import torch
-
-from .. import memory
-from ..checkpoint import ConfigError, VerifyReport, check_values, check_weight_files, read_json
-from ..qwen2_5_omni.verify import config_dtype
+from ..checkpoint import ConfigError, VerifyReport, read_json
+from ..omni_checkpoint import (SIDE_FILES, config_dtype, run_load_test, verify_config, verify_side_files,
+                               verify_tensors)
 from . import loading
 from .config import Qwen3OmniConfig
 from .loading import check_mapping
 from .memory import estimate_memory
-
-SIDE_FILES = ("tokenizer.json", "tokenizer_config.json", "preprocessor_config.json")
-
-
-def _load_test(root: Path, cfg: Qwen3OmniConfig, report: VerifyReport) -> None:
-    skipped = memory.ram_too_small(estimate_memory(cfg, torch.float32, context_tokens=16, talker_codes=0).total)
-    if skipped:
-        report.notes.append(skipped)
-        return
-    try:
-        stack = loading.load_stack(root, device="cpu", dtype=torch.float32)
-        thinker = stack.thinker
-        ids = torch.arange(min(4, cfg.thinker.text.vocab_size))
-        with torch.inference_mode():
-            cache = thinker.new_cache(len(ids) + 1)
-            hidden, _ = thinker(thinker.embed(ids), cache, hidden_layer=0)
-            nxt = thinker.logits(hidden[-1:]).argmax(-1)
-            hidden, _ = thinker(thinker.embed(nxt), cache, hidden_layer=0)
-            logits = thinker.logits(hidden)
-        if not torch.isfinite(logits).all():
-            report.problems.append(f"{root}: load test: the thinker decode step gave non-finite logits")
-            return
-        report.checked.append("load test: loaded on the CPU in float32, one thinker decode step")
-    except Exception as e:  # a bad checkpoint must be reported, not raised
-        report.problems.append(f"{root}: load test failed ({type(e).__name__}: {e})")
 
 
 def verify(root: Path, report: VerifyReport, load_test: bool = True) -> None:
     """Check ``root`` into ``report``: config, side files, tensor names and shapes (experts one
     tensor each, vision listed as unused), and (``load_test``, when nothing else is wrong and
     the RAM allows) a CPU load with one thinker decode step."""
-    cfg = None
-    if not (root / "config.json").is_file():
-        report.problems.append(f"{root}: missing file config.json")
-    else:
-        try:
-            cfg = Qwen3OmniConfig.from_file(root / "config.json")
-            report.checked.append("config.json")
-            report.unsupported = _unsupported(cfg)
-        except (ConfigError, OSError) as e:
-            report.problems.append(str(e))
-    for name in SIDE_FILES:
-        if (root / name).is_file():
-            report.checked.append(name)
-        else:
-            report.problems.append(f"{root}: missing file {name}")
-    shapes, headers, intact = check_weight_files(root, report)
-    if cfg is not None and intact:
-        mapping = check_mapping(cfg, shapes)
-        if mapping.ok:
-            unused = sum(len(v) for v in mapping.unused.values())
-            report.checked.append(f"tensor names and shapes ({len(mapping.loaded)} tensors"
-                                  + (f"; {unused} vision tensors not used" if unused else "") + ")")
-        else:
-            report.problems.append(mapping.error(str(root)))
-    if intact:  # every value read once: a damaged file can hold NaN/Inf that no header shows
-        check_values(headers, report, headers)
+    cfg = verify_config(root, report, Qwen3OmniConfig.from_file)
+    if cfg is not None:
+        report.unsupported = _unsupported(cfg)
+    verify_side_files(root, report)
+    verify_tensors(root, report, (lambda shapes: check_mapping(cfg, shapes)) if cfg is not None else None,
+                   unused_as="vision tensors")
     if load_test and report.usable:
-        _load_test(root, cfg, report)
+        run_load_test(root, report, cfg, estimate_memory, loading.load_stack)
 
 
 def _unsupported(cfg: Qwen3OmniConfig) -> str | None:
