@@ -21,9 +21,6 @@ Run:  .venv/bin/python bench/aec.py [--repeats 5 --out FILE]   (JSON on stdout; 
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
 import statistics
 import sys
 import time
@@ -34,8 +31,10 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "bench"))
 
 from omnidesk.audio.aec import EchoCanceller, echo_reduction_db  # noqa: E402
+from report import machine, report  # noqa: E402
 from test_aec import FRAME, RATE, load, room_response, run  # noqa: E402  (same scene as the tests)
 
 DELAYS_MS = (0, 30, 60, 120)
@@ -118,8 +117,7 @@ def main() -> int:
 
     mic, _ = scene(0)
     result = {
-        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
-                    "livekit": getattr(livekit.rtc, "__version__", "?")},
+        "machine": machine("platform", "cpus", livekit=getattr(livekit.rtc, "__version__", "?")),
         "scene": {"sample_rate": RATE, "block_samples": FRAME, "audio_s": len(mic) / RATE,
                   "echo_gain_db": -10.0, "noise_dbfs": -80.0,
                   "reference": ["question.wav", "interrupt.wav", "second_question.wav"]},
@@ -130,12 +128,7 @@ def main() -> int:
                 "ns_off": cpu_per_audio_second(args.repeats, False)},
         "cpu_by_rate": cpu_by_rate(args.repeats),
     }
-    text = json.dumps(result, indent=2)
-    if args.out:
-        out = Path(args.out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(text)
-    print(text)
+    report(result, args.out)
     return 0
 
 

@@ -42,8 +42,6 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -55,6 +53,9 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from report import RESULTS, load_avg, machine, report  # noqa: E402
 
 TOL = 1e-4
 CHECK_STEPS = 5  # logits compared: after prefill + 4 decode steps
@@ -316,7 +317,7 @@ def quant_main(args) -> int:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    load_before = [round(x, 2) for x in os.getloadavg()]
+    load_before = load_avg()
     tmp = tempfile.TemporaryDirectory(prefix="omnidesk-bench-quant-")
     base = Path(tmp.name)
     t_setup = time.perf_counter()
@@ -379,10 +380,8 @@ def quant_main(args) -> int:
     fp32 = impls["fp32"]["median_ms"]
     result = {
         "benchmark": "thinker decode step, low-VRAM weights vs float (ours, eager, CPU)",
-        "machine": {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
-                    "python": platform.python_version(), "cpu_count": os.cpu_count(), "torch": torch.__version__,
-                    "threads": torch.get_num_threads(), "load_avg_before": load_before,
-                    "load_avg_after": [round(x, 2) for x in os.getloadavg()]},
+        "machine": machine("platform", "processor", "python", "cpu_count", "torch", "threads",
+                           load_avg_before=load_before, load_avg_after=load_avg()),
         "checkpoint": {"source": "--model" if args.model else f"tests/tiny.py variant {variant}",
                        "thinker_hidden": t.hidden_size, "thinker_intermediate": t.intermediate_size,
                        "thinker_layers": t.num_layers, "thinker_vocab": t.vocab_size, "group_size": group,
@@ -397,11 +396,7 @@ def quant_main(args) -> int:
     }
     slow = max(v["slow_steps_frac"] for v in impls.values())
     result["contended"] = slow > 0.05
-    text_out = json.dumps(result, indent=2)
-    print(text_out)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(text_out + "\n")
+    report(result, args.out, newline=True)
     return 0
 
 
@@ -435,13 +430,13 @@ def main(argv=None) -> int:
     if args.prompt < 1 or args.steps < 2 or args.warmup < 0 or args.repeats < 1:
         ap.error("need --prompt >= 1, --steps >= 2, --warmup >= 0, --repeats >= 1")
     if args.out is None:
-        args.out = str(ROOT / "bench" / "results" / ("decode_quant.json" if args.quant else "decode.json"))
+        args.out = str(RESULTS / ("decode_quant.json" if args.quant else "decode.json"))
     if args.quant:
         return quant_main(args)
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    load_before = [round(x, 2) for x in os.getloadavg()]
+    load_before = load_avg()
     torch.manual_seed(args.seed)
     from omnidesk.models.qwen2_5_omni.loading import load_stack
 
@@ -473,9 +468,7 @@ def main(argv=None) -> int:
 
     result: dict = {
         "benchmark": "thinker decode step",
-        "machine": {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
-                    "python": platform.python_version(), "cpu_count": os.cpu_count(),
-                    "torch": torch.__version__, "threads": torch.get_num_threads()},
+        "machine": machine("platform", "processor", "python", "cpu_count", "torch", "threads"),
         "checkpoint": {"path": None if variant else str(path), "variant": variant,
                        "source": f"tests/tiny.py variant {variant}" if variant else "--model",
                        "thinker_hidden": text.hidden_size, "thinker_layers": text.num_layers,
@@ -550,14 +543,10 @@ def main(argv=None) -> int:
     }
     result["correctness"] = correctness
     result["machine"]["load_avg_before"] = load_before
-    result["machine"]["load_avg_after"] = [round(x, 2) for x in os.getloadavg()]
+    result["machine"]["load_avg_after"] = load_avg()
     result["setup_s"] = round(setup_s, 2)
 
-    text_out = json.dumps(result, indent=2)
-    print(text_out)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(text_out + "\n")
+    report(result, args.out, newline=True)
     if not correctness["ok"]:
         print(f"FAIL: logits differ from the reference by {max(correctness['max_abs_diff_eager'], correctness['max_abs_diff_static']):.3g} "
               f"> {TOL}", file=sys.stderr)

@@ -6,7 +6,7 @@ Each family's demo is loaded through the registry (the way every front end loads
 through the executor's own calls, so through the decode runner (omnidesk/models/runner.py):
 
 * turn-based families (Qwen2.5-Omni, Qwen3-Omni): ``thinker_step`` ms per reply token and
-  ``talker_step`` ms per talker step (omnidesk.models.turn_bench.decode_rates: stop ids off,
+  ``talker_step`` ms per talker step (bench/turn_bench.py's decode_rates: stop ids off,
   greedy text, bounded counts), the first audio after the endpoint without preemption;
 * full-duplex families (Moshi): the whole ``step`` per 80 ms frame (Mimi encode + the LM's frame,
   temporal transformer and depformer + Mimi decode) and the LM's frame step alone.
@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import sys
 import time
 from pathlib import Path
@@ -33,10 +32,13 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
 
 from omnidesk.engine.duplex_bench import percentiles, speech_like  # noqa: E402
 from omnidesk.models.families import FAMILIES, LoadOptions  # noqa: E402
-from omnidesk.models.turn_bench import decode_rates, synthetic_utterance  # noqa: E402
+from omnidesk.models.turn_bench import synthetic_utterance  # noqa: E402
+from report import RESULTS, machine, prepare, write  # noqa: E402
+from turn_bench import decode_rates  # noqa: E402
 
 
 def turn_based(loaded, tokens: int, codes: int) -> dict:
@@ -119,15 +121,13 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, help="torch intra-op threads (default: as each family's loader sets)")
     ap.add_argument("--no-cold-warm", dest="cold_warm", action="store_false",
                     help="skip the start-up pair (a fresh process compiling from scratch, then from the disk cache)")
-    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "decode_runner.json"))
+    ap.add_argument("--out", default=str(RESULTS / "decode_runner.json"))
     args = ap.parse_args(argv)
     modes = [m for m in args.modes.split(",") if m]
     wanted = [f for f in FAMILIES if f.name in args.families.split(",")]
-    result = {"machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "torch": torch.__version__,
-                          "device": args.device, "load_avg_before": os.getloadavg()},
+    result = {"machine": machine("platform", "cpus", "torch", device=args.device, load_avg_before=os.getloadavg()),
               "modes": modes, "families": {}}
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
+    out = prepare(args.out)
     for family in wanted:
         root = family.make_demo()
         loaded, fam = {}, {"demo": str(root), "modes": {}}
@@ -161,10 +161,10 @@ def main(argv=None) -> int:
             fam["start_up"] = cold_and_warm(family.name, args.device, compiled[0])
         result["families"][family.name] = fam
         print(family.name, json.dumps(summary), file=sys.stderr)
-        out.write_text(json.dumps(result, indent=2))
+        write(result, out)
         del loaded
     result["machine"]["load_avg_after"] = os.getloadavg()
-    out.write_text(json.dumps(result, indent=2))
+    write(result, out)
     print(json.dumps({k: v["summary"] for k, v in result["families"].items()}, indent=2))
     return 0
 

@@ -20,9 +20,7 @@ Run:  .venv/bin/python bench/duplex.py [--frames 600 --warmup 50 --threads 1 --m
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import sys
 import tempfile
 import time
@@ -31,8 +29,10 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from omnidesk.engine.duplex_bench import percentiles as stats, speech_like, sync as _sync, time_steps  # noqa: E402
+from report import machine, report  # noqa: E402
 
 
 class StageClock:
@@ -142,11 +142,10 @@ def main(argv=None) -> int:
             k: v for k, v in ex.model_info().items() if k not in ("path", "threads")},
             "lm_params": sum(p.numel() for p in ex.lm.parameters()),
             "mimi_params": sum(p.numel() for p in ex.mimi.parameters())},
-        "machine": {"cpu": platform.processor() or platform.machine(), "cores": cores,
-                    "torch": torch.__version__, "threads": torch.get_num_threads(),
-                    "loadavg_before": [round(x, 2) for x in load_before],
-                    "loadavg_after": [round(x, 2) for x in load_after],
-                    "contended": max(load_before[0], load_after[0]) > max(cores - 1, 1)},
+        "machine": machine("cpu", "cores", "torch", "threads",
+                           loadavg_before=[round(x, 2) for x in load_before],
+                           loadavg_after=[round(x, 2) for x in load_after],
+                           contended=max(load_before[0], load_after[0]) > max(cores - 1, 1)),
         "frames": args.frames, "warmup": args.warmup, "frame_ms": frame_ms,
         "step_ms": stats(step), "encode_ms": stats(enc), "lm_ms": stats(lm), "decode_ms": stats(dec),
         "executor_step_ms": stats(whole),
@@ -155,11 +154,7 @@ def main(argv=None) -> int:
         "late_frames": int(sum(ms > frame_ms for ms in step)),
         "target_p50_ms": 20.0, "meets_target": stats(step)["p50"] <= 20.0,
     }
-    text = json.dumps(result, indent=2)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(text)
-    print(text)
+    report(result, args.out)
     return 0
 
 

@@ -37,7 +37,6 @@ import csv
 import json
 import math
 import os
-import platform
 import re
 import shutil
 import signal
@@ -48,7 +47,6 @@ import tempfile
 import threading
 import time
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
 
 # The analysis runs next to a busy core (the load condition) and the app: one BLAS thread, so
@@ -65,9 +63,12 @@ import soundfile as sf  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from report import RESULTS, load_avg, machine, when, write  # noqa: E402
 
 DATA = ROOT.parent / "shared" / "data" / "turns-human"
-DEFAULT_OUT = ROOT / "bench" / "results" / "live_latency.json"
+DEFAULT_OUT = RESULTS / "live_latency.json"
 
 REC_RATE = 16000
 BLOCK = REC_RATE // 100  # 10 ms analysis blocks
@@ -900,8 +901,7 @@ def machine_info() -> dict:
         except metadata.PackageNotFoundError:
             return None
 
-    return {"platform": platform.platform(), "cpu_count": os.cpu_count(), "python": platform.python_version(),
-            "torch": version("torch"), "numpy": np.__version__, "load_avg": [round(v, 2) for v in os.getloadavg()]}
+    return machine("platform", "cpu_count", "python", torch=version("torch"), numpy=np.__version__, load_avg=load_avg())
 
 
 def check_out(path: Path) -> None:
@@ -945,7 +945,7 @@ def run_bench(args) -> dict:
     eta = len(policies) * len(conditions) * (per_q * (2 if not args.no_offline else 1) + 30)
     log(f"{len(questions)} questions ({sum(q.kind == 'espeak' for q in questions)} espeak), policies {policies}, "
         f"conditions {conditions}, app {args.app}: about {eta / 60:.0f} min")
-    result = {"machine": machine_info(), "when": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    result = {"machine": machine_info(), "when": when(),
               "app": args.app, "questions": [{"file": q.name, "speaker": q.speaker, "kind": q.kind,
                                               "speech_end_s": round(q.speech_end_s, 3), "text": q.text}
                                              for q in questions],
@@ -1029,7 +1029,7 @@ def run_bench(args) -> dict:
         harness.stop()
         if not args.keep_tmp:
             shutil.rmtree(tmp, ignore_errors=True)
-    result["machine"]["load_avg_after"] = [round(v, 2) for v in os.getloadavg()]
+    result["machine"]["load_avg_after"] = load_avg()
     return result
 
 
@@ -1066,12 +1066,11 @@ def main(argv=None) -> int:
     except BenchError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    text = json.dumps(result, indent=1)
     summary = {"machine": result["machine"], "when": result["when"], "combine_sink": result.get("combine_sink"),
                "notes": result["notes"],
                "runs": {k: {"summary": v["summary"], "notes": v["notes"]} for k, v in result["runs"].items()}}
     print(json.dumps(summary, indent=1), flush=True)
-    out.write_text(text)
+    write(result, out, indent=1)
     log(f"wrote {out} (per-turn rows there)")
     return 0
 

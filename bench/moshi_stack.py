@@ -25,10 +25,7 @@ compiles, recompiles, graphs captured, warm-up seconds).
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
-import resource
 import sys
 import time
 from dataclasses import replace
@@ -46,7 +43,6 @@ from duplex import time_stages  # noqa: E402
 from omnidesk.engine.duplex_bench import percentiles as stats, speech_like, time_steps  # noqa: E402
 
 from omnidesk.models.checkpoint import DEFAULT_DEVICE_DTYPE, materialize  # noqa: E402
-from omnidesk.models.memory import available_ram  # noqa: E402
 from omnidesk.models.moshi.config import DEMO as LM_DEMO  # noqa: E402
 from omnidesk.models.moshi.config import MOSHI_7B, MoshiConfig  # noqa: E402
 from omnidesk.models.moshi.executor import (SMALL_MODEL_PARAMS, MoshiExecutor, check_fits,  # noqa: E402
@@ -55,10 +51,11 @@ from omnidesk.models.moshi.lm import MoshiLM  # noqa: E402
 from omnidesk.models.moshi.mimi import DEMO as MIMI_DEMO  # noqa: E402
 from omnidesk.models.moshi.mimi import MIMI, Mimi, MimiConfig, init_random_  # noqa: E402
 from omnidesk.models.runner import MODES  # noqa: E402
+from report import RESULTS, machine, prepare, report, write  # noqa: E402
+from stacks import GB, check_fits_or_exit, device_name, memory_peaks  # noqa: E402
 
 SIZES: dict[str, tuple[MoshiConfig, MimiConfig]] = {"7b": (MOSHI_7B, MIMI), "demo": (LM_DEMO, MIMI_DEMO)}
 TARGET_MS = {"7b": 40.0, "demo": 20.0}  # 7B on an H200: half a frame; the demo: duplex.py's target
-GB = 1e9
 
 
 def configs(size: str, layers: int | None = None, depformer_layers: int | None = None
@@ -83,15 +80,8 @@ def build(lm_cfg: MoshiConfig, mimi_cfg: MimiConfig, device: str | torch.device 
     (``check_fits``, as load_moshi does), on the CPU against the host's free memory."""
     dev = torch.device(device)
     dtype = dtype or DEFAULT_DEVICE_DTYPE.get(dev.type, torch.float32)
-    estimate = estimate_memory(lm_cfg, dtype, context, mimi_cfg)
-    if dev.type == "cuda":
-        problem = check_fits(estimate, torch.cuda.mem_get_info(dev)[0])
-        if problem:
-            raise SystemExit(problem)
-    elif dev.type == "cpu" and 0 < available_ram() < estimate.total:
-        raise SystemExit(f"this stack needs about {estimate.total / GB:.1f} GB but the host has "
-                         f"{available_ram() / GB:.1f} GB free: cut it with --layers / --depformer-layers "
-                         f"(real widths, fewer layers) or use --dtype bfloat16")
+    check_fits_or_exit(estimate_memory(lm_cfg, dtype, context, mimi_cfg), dev, check_fits,
+                       "cut it with --layers / --depformer-layers (real widths, fewer layers) or use --dtype bfloat16")
     with torch.device("meta"):
         lm = MoshiLM(lm_cfg)
     materialize(lm, dev, dtype)  # as load_moshi_lm does: empty storage on the device, RoPE buffers moved
@@ -133,12 +123,10 @@ def run(size: str = "7b", device: str | None = None, dtype: str | None = None, f
     lm_cfg, mimi_cfg = configs(size, layers, depformer_layers)
     warmup = max(warmup, lm_cfg.max_delay + 1)  # no audio comes out while the delays fill: never timed
     estimate = estimate_memory(lm_cfg, torch_dtype, context, mimi_cfg)
-    cores = os.cpu_count() or 1
     result: dict = {
         "size": size,
         "device": str(dev),
-        "device_name": torch.cuda.get_device_name(dev) if dev.type == "cuda" else (platform.processor()
-                                                                                  or platform.machine()),
+        "device_name": device_name(dev),
         "dtype": str(torch_dtype).removeprefix("torch."),
         "mimi_dtype": "float32",
         "mode": mode,
@@ -155,8 +143,7 @@ def run(size: str = "7b", device: str | None = None, dtype: str | None = None, f
     }
 
     def save() -> None:
-        if out is not None:
-            out.write_text(json.dumps(result, indent=2))
+        write(result, out)
 
     save()
     if dev.type == "cuda":
@@ -248,12 +235,7 @@ def run(size: str = "7b", device: str | None = None, dtype: str | None = None, f
               "estimate_weights_gb": round(estimate.weights / GB, 3),
               "estimate_kv_cache_gb": round(estimate.kv_cache / GB, 3),
               "kv_cache_gb": round(ex.gen.cache.nbytes / GB, 3),
-              # the whole process's peak resident memory (on CUDA: the host side only)
-              "host_max_rss_gb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / GB, 3)}
-    if dev.type == "cuda":
-        memory.update(allocated_after_build_gb=round(after_build / GB, 3),
-                      max_allocated_gb=round(torch.cuda.max_memory_allocated(dev) / GB, 3),
-                      max_reserved_gb=round(torch.cuda.max_memory_reserved(dev) / GB, 3))
+              **memory_peaks(dev, after_build)}
     how = {"eager": "The frame step runs eagerly (no torch.compile, no CUDA graphs).",
            "compile": "The LM's frame step runs torch.compile'd (fullgraph), compiled before timing "
                       "(compile_wait_s); Mimi stays eager.",
@@ -263,9 +245,8 @@ def run(size: str = "7b", device: str | None = None, dtype: str | None = None, f
     result.update({
         "runner": ex.runner.stats(), "decode": ex.runner.describe(),
         "memory": memory,
-        "machine": {"torch": torch.__version__, "cuda": torch.version.cuda, "threads": torch.get_num_threads(),
-                    "cores": cores, "loadavg_before": [round(x, 2) for x in load_before],
-                    "loadavg_after": [round(x, 2) for x in load_after]},
+        "machine": machine("torch", "cuda", "threads", "cores", loadavg_before=[round(x, 2) for x in load_before],
+                           loadavg_after=[round(x, 2) for x in load_after]),
         "method": (
             f"step_ms: wall clock of MoshiExecutor.step (the duplex engine's call) per frame, {frames} frames "
             f"after {warmup} untimed warm-up frames (the first {lm_cfg.max_delay} produce no audio while the "
@@ -308,13 +289,12 @@ def main(argv=None) -> int:
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if args.compile == "graphs" and torch.device(device).type != "cuda":
         p.error("--compile graphs needs a CUDA device (use compile or eager on the CPU)")
-    out = Path(args.out or HERE / "results" / f"moshi_{args.size}.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
+    out = prepare(args.out or RESULTS / f"moshi_{args.size}.json")
     result = run(size=args.size, device=device, dtype=args.dtype, frames=args.frames, warmup=args.warmup,
                  context=args.context, layers=args.layers, depformer_layers=args.depformer_layers,
                  threads=args.threads, stages=args.stages, inference_mode_pass=args.inference_mode_pass,
                  mode=args.compile, out=out)
-    print(json.dumps(result, indent=2))
+    report(result, out)
     return 0
 
 

@@ -30,8 +30,6 @@ import dataclasses
 import functools
 import json
 import os
-import platform
-import resource
 import statistics
 import sys
 import tempfile
@@ -50,7 +48,6 @@ sys.path.insert(0, str(HERE))
 from omnidesk.engine.duplex_bench import percentiles as stats  # noqa: E402
 from omnidesk.models.checkpoint import DEFAULT_DEVICE_DTYPE, materialize  # noqa: E402
 from omnidesk.features import FeatureConfig  # noqa: E402
-from omnidesk.models.memory import available_ram  # noqa: E402
 from omnidesk.models.qwen2_5_omni.tokenizer import Tokenizer, write_tokenizer_files  # noqa: E402
 from omnidesk.models.qwen3_omni.config import Qwen3OmniConfig  # noqa: E402
 from omnidesk.models.qwen3_omni.demo import MEDIA, PREPROCESSOR, ROLE_CORPUS, SPECIAL_TOKENS, TEMPLATE  # noqa: E402
@@ -61,9 +58,10 @@ from omnidesk.models.random_init import init_module_  # noqa: E402
 from omnidesk.models.runner import MODES  # noqa: E402
 from omnidesk.models.sampling import SamplingParams  # noqa: E402
 from omnidesk.models.turn_bench import realtime_latency, stage_rates, synthetic_utterance  # noqa: E402
+from report import RESULTS, machine, prepare, report, write  # noqa: E402
+from stacks import GB, check_fits_or_exit, device_name, memory_peaks  # noqa: E402
 
 DEFAULT_CONFIG = ROOT / "tests" / "data" / "qwen3_omni" / "config.json"
-GB = 1e9
 FRAME_BUDGET_MS = 80.0  # one talker step = one 80 ms frame: slower than this is not real time
 TALKER_TARGET_MS = 25.0  # talker + code predictor per frame on an H200
 FIRST_AUDIO_TARGET_MS = 250.0  # endpoint -> first audio on an H200
@@ -138,13 +136,8 @@ def write_stand_in(raw: dict, root: Path) -> tuple[dict[str, int], dict[str, lis
 def check_memory(cfg: Qwen3OmniConfig, dev: torch.device, dtype: torch.dtype) -> dict:
     """The product's estimate, checked against the device's free memory (the host's on the CPU)."""
     est = estimate_memory(cfg, dtype, CONTEXT)
-    if dev.type == "cuda":
-        problem = check_fits(est, torch.cuda.mem_get_info(dev)[0])
-        if problem:
-            raise SystemExit(problem)
-    elif dev.type == "cpu" and 0 < available_ram() < est.total:
-        raise SystemExit(f"this stack needs about {est.total / GB:.1f} GB but the host has {available_ram() / GB:.1f} "
-                         f"GB free: the real shapes are for a GPU (use --config with the demo's config.json here)")
+    check_fits_or_exit(est, dev, check_fits,
+                       "the real shapes are for a GPU (use --config with the demo's config.json here)")
     return {"estimate_gb": round(est.total / GB, 3), "estimate_weights_gb": round(est.weights / GB, 3),
             "estimate_code2wav_gb": round(est.vocoder / GB, 3),
             "estimate_kv_cache_gb": round((est.thinker_kv + est.talker_kv) / GB, 3), "estimate_context": CONTEXT}
@@ -406,30 +399,21 @@ def run(config: Path = DEFAULT_CONFIG, device: str | None = None, dtype: str | N
               "audio_encoder": count(m.thinker.audio_encoder), "talker": count(m.talker),
               "code2wav": count(m.code2wav)}
     params["total"] = sum(params.values())
-    device_name = (torch.cuda.get_device_name(dev) if dev.type == "cuda"
-                   else platform.processor() or platform.machine())
-    result: dict = {"config": str(config), "device": str(dev), "device_name": device_name,
+    result: dict = {"config": str(config), "device": str(dev), "device_name": device_name(dev),
                     "dtype": str(torch_dtype).removeprefix("torch."), "code2wav_dtype": "float32", "mode": mode,
                     "shapes": shapes(stack.config), "params": params, "ids_overridden": info["ids_overridden"],
                     "build_s": round(build_s, 2)}
 
     def record() -> None:  # memory and machine as they stand, then the JSON so far
-        memory = dict(info["memory"])
-        memory["host_max_rss_gb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / GB, 3)
-        if dev.type == "cuda":
-            memory.update(allocated_after_build_gb=round(after_build / GB, 3),
-                          max_allocated_gb=round(torch.cuda.max_memory_allocated(dev) / GB, 3),
-                          max_reserved_gb=round(torch.cuda.max_memory_reserved(dev) / GB, 3))
-        result["memory"] = memory
-        result["machine"] = {
-            "platform": platform.platform(), "python": platform.python_version(), "torch": torch.__version__,
-            "cuda": torch.version.cuda, "cores": os.cpu_count(),
+        result["memory"] = {**info["memory"], **memory_peaks(dev, after_build)}
+        result["machine"] = machine(
+            "platform", "python", "torch", "cuda", cores=os.cpu_count(),
             # torch intra-op threads the timings ran with (on the CPU the executor sets cores - 1)
-            "threads": torch.get_num_threads(),
-            "gpu_memory_gb": round(torch.cuda.get_device_properties(dev).total_memory / GB, 1)
+            threads=torch.get_num_threads(),
+            gpu_memory_gb=round(torch.cuda.get_device_properties(dev).total_memory / GB, 1)
             if dev.type == "cuda" else None,
-            "loadavg_before": [round(x, 2) for x in load_before],
-            "loadavg_after": [round(x, 2) for x in os.getloadavg()]}
+            loadavg_before=[round(x, 2) for x in load_before],
+            loadavg_after=[round(x, 2) for x in os.getloadavg()])
         if save is not None:
             save(result)
 
@@ -514,17 +498,15 @@ def main(argv: list[str] | None = None) -> int:
     if min(args.prompt, args.tokens, args.frames, args.reps) < 1 or args.warmup < 2 or args.turns < 0:
         p.error("--prompt, --tokens, --frames and --reps must be >= 1; --warmup >= 2 (a CUDA graph is captured at "
                 "a step's second call); --turns >= 0")
-    out = Path(args.out or HERE / "results" / "qwen3_stack.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
+    out = prepare(args.out or RESULTS / "qwen3_stack.json")
 
     def save(result: dict) -> None:
-        out.write_text(json.dumps(result, indent=2))
+        write(result, out)
 
     result = run(config=Path(args.config), device=args.device, dtype=args.dtype, prompt=args.prompt,
                  tokens=args.tokens, frames=args.frames, warmup=args.warmup, reps=args.reps, turns=args.turns,
                  realtime=args.realtime, seed=args.seed, mode=args.compile, save=save)
-    save(result)
-    print(json.dumps(result, indent=2))
+    report(result, out)
     return 0
 
 

@@ -36,11 +36,13 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
 
 from omnidesk.models.qwen2_5_omni.executor import QwenOmniExecutor  # noqa: E402
 from omnidesk.models.sampling import SamplingParams  # noqa: E402
-from omnidesk.models.turn_bench import decode_rates, synthetic_utterance  # noqa: E402
-from omnidesk.models.turn_bench import run as turn_bench  # noqa: E402
+from omnidesk.models.turn_bench import run as run_turn_bench, synthetic_utterance  # noqa: E402
+from report import prepare, write  # noqa: E402
+from turn_bench import decode_rates  # noqa: E402
 from omnidesk.models.qwen2_5_omni.config import OmniConfig  # noqa: E402
 from omnidesk.models.qwen2_5_omni.demo import PREPROCESSOR  # noqa: E402
 from omnidesk.features import FeatureConfig  # noqa: E402
@@ -144,8 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
     config = Path(args.config) if args.config else ROOT / "tests" / "data" / f"qwen2_5_omni_{args.size}" / "config.json"
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
+    out = prepare(args.out)
     result: dict = {"config": str(config)}
 
     def save() -> None:  # after every part: a run cut off by its timeout still reports what it measured
@@ -153,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
             result["gpu"] = {"name": torch.cuda.get_device_name(),
                              "max_allocated_gb": torch.cuda.max_memory_allocated() / 1e9,
                              "max_reserved_gb": torch.cuda.max_memory_reserved() / 1e9}
-        out.write_text(json.dumps(result, indent=2))
+        write(result, out)
 
     t0 = time.perf_counter()
     quantize = None if args.quantize == "none" else args.quantize
@@ -199,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.turns:
         # the stages and the real-time engine in the fastest mode asked for
         make = functools.partial(QwenOmniExecutor, compile=modes[-1] if modes else None)
-        result.update(turn_bench(make, stack, turns=args.turns, interrupts=interrupts, codes_per_second=50.0))
+        result.update(run_turn_bench(make, stack, turns=args.turns, interrupts=interrupts, codes_per_second=50.0))
         save()
     print(json.dumps(result, indent=2))
     return 0

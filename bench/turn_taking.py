@@ -40,8 +40,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -53,8 +51,10 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "bench"))
 
 import turn_taking_set  # noqa: E402  (the labelled set's generator)
+from report import load_avg, machine, report  # noqa: E402
 
 POLICIES = ("fixed", "smart", "auto")
 try:  # talk's schedule: the lead-in silence before the first input, the frame grid
@@ -514,8 +514,7 @@ def bench_set(args, policies: list[str]) -> dict:
     files = read_labelled_set(folder)
     result = {
         "bench": "turn_taking",
-        "machine": {"platform": platform.platform(), "cpu_count": os.cpu_count(),
-                    "load_avg_before": [round(x, 2) for x in os.getloadavg()]},
+        "machine": machine("platform", "cpu_count", load_avg_before=load_avg()),
         "set": {"dir": str(folder.resolve()), "files": len(files),
                 "complete": sum(f["label"] == "complete" for f in files),
                 "pause": sum(f["label"] == "pause" for f in files),
@@ -525,7 +524,7 @@ def bench_set(args, policies: list[str]) -> dict:
     paths = [f["path"] for f in files]
     result["policies"] = run_policies(policies, args, lambda policy, workdir: run_policy(
         policy, paths, lambda timeline: score_set(files, timeline), workdir, args))
-    result["machine"]["load_avg_after"] = [round(x, 2) for x in os.getloadavg()]
+    result["machine"]["load_avg_after"] = load_avg()
     return result
 
 
@@ -564,11 +563,9 @@ def main(argv: list[str] | None = None) -> int:
 
     manifest = turn_taking_set.ensure_set(args.dir, args.limit)
     items = manifest["items"]
-    load_before = os.getloadavg()
     result = {
         "bench": "turn_taking",
-        "machine": {"platform": platform.platform(), "cpu_count": os.cpu_count(),
-                    "load_avg_before": [round(x, 2) for x in load_before]},
+        "machine": machine("platform", "cpu_count", load_avg_before=load_avg()),
         "set": {"dir": manifest["dir"], "version": manifest["version"], "spec": manifest["spec"],
                 "espeak": manifest["espeak"], "items": len(items),
                 "complete": sum(it["kind"] == "complete" for it in items),
@@ -578,7 +575,7 @@ def main(argv: list[str] | None = None) -> int:
         "talk": talk_settings(args),
     }
     result["policies"] = run_policies(policies, args, lambda policy, workdir: bench_policy(policy, items, workdir, args))
-    result["machine"]["load_avg_after"] = [round(x, 2) for x in os.getloadavg()]
+    result["machine"]["load_avg_after"] = load_avg()
     fixed, smart = result["policies"].get("fixed"), result["policies"].get("smart")
     if fixed and smart and fixed.get("status") == smart.get("status") == "ok":
         f_med = fixed["complete"]["voice_to_voice"]["median_ms"]
@@ -595,12 +592,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _report(result: dict, args) -> int:
-    text = json.dumps(result, indent=2)
-    if args.out:
-        out = Path(args.out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(text + "\n")
-    print(text)
+    report(result, args.out, newline=True)
     failed = [p for p, r in result["policies"].items() if r.get("status") == "failed"]
     return 1 if failed else 0
 

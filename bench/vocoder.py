@@ -17,9 +17,6 @@ Run:  .venv/bin/python bench/vocoder.py [--codes 250 --repeats 3 --threads T --m
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -32,6 +29,9 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from report import RESULTS, machine, report  # noqa: E402
 
 
 def run_stream(vocoder, voice, codes: list[int], seed: int) -> dict:
@@ -58,7 +58,7 @@ def main() -> int:
     parser.add_argument("--codes", type=int, default=250, help="reply length in codec tokens (50 per second)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int)
-    parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "vocoder.json"))
+    parser.add_argument("--out", default=str(RESULTS / "vocoder.json"))
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -98,8 +98,7 @@ def main() -> int:
 
     med = statistics.median
     result = {
-        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "torch": torch.__version__,
-                    "threads": torch.get_num_threads()},
+        "machine": machine("platform", "cpus", "torch", "threads"),
         "checkpoint": str(path),
         "codes": args.codes,
         "audio_s": audio_s,
@@ -116,10 +115,7 @@ def main() -> int:
     }
     result["first_audio_speedup_vs_transformers"] = (result["offline_transformers"]["first_audio_ms"]
                                                      / result["streaming"]["first_chunk_ms_median"])
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2))
-    print(json.dumps(result, indent=2))
+    report(result, args.out)
     return 0
 
 

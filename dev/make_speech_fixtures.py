@@ -66,14 +66,16 @@ def write_wav(path: Path, x: np.ndarray, rate: int = RATE) -> None:
         w.writeframes(pcm.tobytes())
 
 
-def shorten_pauses(x: np.ndarray, rate: int = RATE) -> np.ndarray:
-    """Cut every run of 10 ms frames quieter than -40 dB re peak down to MAX_PAUSE_S."""
+def shorten_pauses(x: np.ndarray, rate: int = RATE, max_s: float = MAX_PAUSE_S, quiet_rel: float = 0.01,
+                   dtype=np.float32) -> np.ndarray:
+    """Cut every run of 10 ms frames quieter than ``quiet_rel`` of the peak (-40 dB) down to ``max_s``;
+    ``dtype``: what the frames' RMS is computed in.  tests/turn_taking_set.py uses it too."""
     hop = rate // 100
     frames = len(x) // hop
-    rms = np.sqrt((x[:frames * hop].reshape(frames, hop) ** 2).mean(axis=1))
-    quiet = rms < 0.01 * np.abs(x).max()
+    rms = np.sqrt((x[:frames * hop].reshape(frames, hop).astype(dtype) ** 2).mean(axis=1))
+    quiet = rms < quiet_rel * np.abs(x).max()
     keep = np.ones(len(x), dtype=bool)
-    max_frames = int(MAX_PAUSE_S * 100)
+    max_frames = int(round(max_s * 100))
     start = None
     for i, q in enumerate(np.append(quiet, False)):
         if q and start is None:

@@ -6,6 +6,8 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
+pytest.register_assert_rewrite("bench_script")  # its checks report like a test's own asserts
+from support import damageable_copy, speech_like_wave  # noqa: E402
 # Kyutai's moshi package, the Moshi oracle, lives beside the venv's packages (dev/setup.sh says why)
 sys.path.append(str(Path(sys.prefix) / "oracles"))
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
@@ -34,27 +36,13 @@ def tiny_checkpoints(tmp_path_factory):
 @pytest.fixture(scope="session")
 def speech_like():
     """A deterministic 16 kHz test utterance: voiced harmonics with a moving pitch plus noise."""
-
-    def make(seconds: float, seed: int = 0) -> torch.Tensor:
-        g = torch.Generator().manual_seed(seed)
-        t = torch.arange(int(seconds * 16000)) / 16000
-        f0 = 140 + 40 * torch.sin(2 * torch.pi * 0.7 * t)
-        phase = 2 * torch.pi * torch.cumsum(f0, 0) / 16000
-        wave = sum(0.3 / k * torch.sin(k * phase) for k in range(1, 6))
-        return (wave * (0.6 + 0.4 * torch.sin(2 * torch.pi * 3 * t)) + 0.01 * torch.randn(t.shape, generator=g)).float()
-
-    return make
+    return speech_like_wave
 
 
 @pytest.fixture
 def ckpt(tiny_checkpoints, tmp_path):
     """A private, damageable copy of tiny checkpoint "a"."""
-    import shutil
-
-    src, _ = tiny_checkpoints("a")
-    dst = tmp_path / "ckpt"
-    shutil.copytree(src, dst)
-    return dst
+    return damageable_copy(tiny_checkpoints("a")[0], tmp_path / "ckpt")
 
 
 @pytest.fixture(scope="session")

@@ -53,31 +53,29 @@ def pack_gptq_qweight(q: torch.Tensor) -> torch.Tensor:
     return to_int32(words).view(k // 8, n)
 
 
-def pack_gptq_qzeros(z: torch.Tensor) -> torch.Tensor:
-    """z: integer zero points [G, N] -> int32 [G, N/8] storing z - 1 (masked to 4 bits: a zero of 0 is
-    stored as 15, which AutoGPTQ's reader turns into 16, exactly as it reads its own files)."""
-    g, n = z.shape
-    words = []
-    for row in range(g):
-        for c in range(n // 8):
-            word = 0
-            for j in range(8):
-                word |= ((int(z[row, 8 * c + j]) - 1) & 0xF) << (4 * j)
-            words.append(word)
-    return to_int32(words).view(g, n // 8)
-
-
-def pack_awq(values: torch.Tensor) -> torch.Tensor:
-    """values: ints [R, N] (rows = input channels for qweight, groups for qzeros) -> int32 [R, N/8]."""
+def _pack_rows(values: torch.Tensor, order=range(8), nibble=lambda v: v) -> torch.Tensor:
+    """ints [R, N] -> int32 [R, N/8] along each row: word c holds ``nibble`` of value ``8c + order[i]`` at
+    bits 4i..4i+3."""
     r, n = values.shape
     words = []
     for row in range(r):
         for c in range(n // 8):
             word = 0
             for i in range(8):
-                word |= int(values[row, 8 * c + AWQ_PACK_ORDER[i]]) << (4 * i)
+                word |= nibble(int(values[row, 8 * c + order[i]])) << (4 * i)
             words.append(word)
     return to_int32(words).view(r, n // 8)
+
+
+def pack_gptq_qzeros(z: torch.Tensor) -> torch.Tensor:
+    """z: integer zero points [G, N] -> int32 [G, N/8] storing z - 1 (masked to 4 bits: a zero of 0 is
+    stored as 15, which AutoGPTQ's reader turns into 16, exactly as it reads its own files)."""
+    return _pack_rows(z, nibble=lambda v: (v - 1) & 0xF)
+
+
+def pack_awq(values: torch.Tensor) -> torch.Tensor:
+    """values: ints [R, N] (rows = input channels for qweight, groups for qzeros) -> int32 [R, N/8]."""
+    return _pack_rows(values, AWQ_PACK_ORDER)
 
 
 def _words_to_int32(words: torch.Tensor) -> torch.Tensor:
@@ -91,16 +89,19 @@ def pack_gptq_qweight_fast(q: torch.Tensor) -> torch.Tensor:
     return _words_to_int32(sum(v[:, j] << (4 * j) for j in range(8)))
 
 
+def _pack_rows_fast(values: torch.Tensor, order=range(8)) -> torch.Tensor:
+    """:func:`_pack_rows` vectorized, of values already made nibbles."""
+    r, n = values.shape
+    v = values.view(r, n // 8, 8)
+    return _words_to_int32(sum(v[:, :, order[i]] << (4 * i) for i in range(8)))
+
+
 def pack_gptq_qzeros_fast(z: torch.Tensor) -> torch.Tensor:
-    g, n = z.shape
-    v = ((z.long() - 1) & 0xF).view(g, n // 8, 8)
-    return _words_to_int32(sum(v[:, :, j] << (4 * j) for j in range(8)))
+    return _pack_rows_fast((z.long() - 1) & 0xF)
 
 
 def pack_awq_fast(values: torch.Tensor) -> torch.Tensor:
-    r, n = values.shape
-    v = values.long().view(r, n // 8, 8)
-    return _words_to_int32(sum(v[:, :, AWQ_PACK_ORDER[i]] << (4 * i) for i in range(8)))
+    return _pack_rows_fast(values.long(), AWQ_PACK_ORDER)
 
 
 def quantize_rtn(w: torch.Tensor, group: int, sym: bool, perm: torch.Tensor | None = None):

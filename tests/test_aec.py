@@ -103,13 +103,20 @@ def test_echo_reduction_db_reports_power_ratio():
         echo_reduction_db(x[:RATE // 2], x[:RATE // 2], RATE, skip_s=1.0)
 
 
-def test_double_talk_keeps_near_end_speech():
-    # Near-end (the user) 4.5 dB above the echo, starting while the assistant talks.
-    reference, echo, near, noise = echo_scene(near_gain_db=-6.0)
+def double_talk(near_gain_db: float):
+    """The echo scene with the user talking from 2.5 s over the assistant, through the canceller:
+    (mic, echo, near, cleaned, start, stop), the last two the samples of the user's speech."""
+    reference, echo, near, noise = echo_scene(near_gain_db=near_gain_db)
     mic = echo + near + noise
     cleaned = run(EchoCanceller(RATE), mic, reference)
     s = int(2.5 * RATE)
     e = s + np.flatnonzero(near[s:])[-1]
+    return mic, echo, near, cleaned, s, e
+
+
+def test_double_talk_keeps_near_end_speech():
+    # Near-end (the user) 4.5 dB above the echo, starting while the assistant talks.
+    _, echo, near, cleaned, s, e = double_talk(near_gain_db=-6.0)
     level_db = 10 * np.log10(np.mean(cleaned[s:e] ** 2) / np.mean(near[s:e] ** 2))
     with_near = best_lag_corr(cleaned, near, s, e)
     with_echo = best_lag_corr(cleaned, echo, s, e)
@@ -125,11 +132,7 @@ def test_double_talk_keeps_near_end_speech():
 def test_double_talk_output_follows_user_even_under_louder_echo():
     # Near-end 1.5 dB *below* the echo: the raw mic resembles the echo more
     # than the user; after cancellation it is the other way round.
-    reference, echo, near, noise = echo_scene(near_gain_db=-12.0)
-    mic = echo + near + noise
-    cleaned = run(EchoCanceller(RATE), mic, reference)
-    s = int(2.5 * RATE)
-    e = s + np.flatnonzero(near[s:])[-1]
+    mic, echo, near, cleaned, s, e = double_talk(near_gain_db=-12.0)
     before = (corr(mic[s:e], near[s:e]), corr(mic[s:e], echo[s:e]))
     after = (best_lag_corr(cleaned, near, s, e), best_lag_corr(cleaned, echo, s, e))
     print(f"\nloud echo double talk: mic corr near/echo {before[0]:.3f}/{before[1]:.3f}, "

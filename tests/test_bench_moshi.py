@@ -3,31 +3,17 @@ its main runs at the demo size on the CPU for a few frames and writes every fiel
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
-import torch
 
-SCRIPT = Path(__file__).resolve().parents[1] / "bench" / "moshi_stack.py"
-STATS = ("p50", "p90", "p99", "max", "mean")
+from bench_script import check_stats as _check_stats, load, threads_kept
 
 
 @pytest.fixture
 def moshi_stack():
-    threads = torch.get_num_threads()  # the demo size sets one thread, as load_moshi does
-    spec = importlib.util.spec_from_file_location("moshi_stack_bench", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    yield module
-    torch.set_num_threads(threads)
-
-
-def _check_stats(s: dict) -> None:
-    assert set(s) == set(STATS)
-    assert 0 < s["p50"] <= s["p90"] <= s["p99"] <= s["max"]
-    assert 0 < s["mean"] <= s["max"]
+    with threads_kept():  # the demo size sets one thread, as load_moshi does
+        yield load("moshi_stack", "moshi_stack_bench")
 
 
 def test_demo_size_on_cpu(moshi_stack, tmp_path):

@@ -8,33 +8,19 @@ here, not there.  No timing thresholds."""
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 import torch
 
+from bench_script import check_stats as _check_stats, load, threads_kept
 from omnidesk.models.qwen3_omni.demo import make_demo
-
-SCRIPT = Path(__file__).resolve().parents[1] / "bench" / "qwen3_stack.py"
-STATS = ("p50", "p90", "p99", "max", "mean")
 
 
 @pytest.fixture
 def qwen3_stack():
-    threads = torch.get_num_threads()  # the executor sets cores - 1 on the CPU
-    spec = importlib.util.spec_from_file_location("qwen3_stack_bench", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    yield module
-    torch.set_num_threads(threads)
-
-
-def _check_stats(s: dict) -> None:
-    assert set(s) == set(STATS)
-    assert 0 < s["p50"] <= s["p90"] <= s["p99"] <= s["max"]
-    assert 0 < s["mean"] <= s["max"]
+    with threads_kept():  # the executor sets cores - 1 on the CPU
+        yield load("qwen3_stack", "qwen3_stack_bench")
 
 
 def _check_runner(runner: dict, mode: str) -> None:

@@ -18,18 +18,7 @@ from omnidesk.models.qwen2_5_omni.executor import QwenOmniExecutor
 from omnidesk.engine.speaker import VirtualSpeaker
 from omnidesk.engine.talk import Script, ScriptedEndpointer, run_script
 from omnidesk.engine.timeline import EVENT_NAMES, Timeline, validate
-from omnidesk.models.qwen2_5_omni.demo import make_demo
-from omnidesk.models.qwen2_5_omni.loading import load_stack
-
-
-@pytest.fixture(scope="module")
-def demo_dir(tmp_path_factory):
-    return make_demo(tmp_path_factory.mktemp("demo") / "demo")
-
-
-@pytest.fixture(scope="module")
-def stack(demo_dir):
-    return load_stack(demo_dir)
+from support import demo_dir, stack  # noqa: F401  (fixtures: the Qwen2.5-Omni demo, once per module)
 
 
 def _wave(speech_like, seconds, seed=0):

@@ -21,22 +21,11 @@ from omnidesk.engine.speaker import VirtualSpeaker
 from omnidesk.engine.talk import Script, run_script
 from omnidesk.engine.timeline import Timeline, validate
 from omnidesk.models.qwen2_5_omni.bigvgan import BigVGAN
-from omnidesk.models.qwen2_5_omni.demo import make_demo
 from omnidesk.features import log_mel
-from omnidesk.models.qwen2_5_omni.loading import load_stack
+from support import demo_dir, stack  # noqa: F401  (fixtures: the Qwen2.5-Omni demo, once per module)
 
 FRAME = 640  # 40 ms at 16 kHz: the scripted microphone pads each utterance to whole frames
 ERROR_WITHIN_S = 5.0  # from the injected exception to the "error" update; a hang would be minutes
-
-
-@pytest.fixture(scope="module")
-def demo_dir(tmp_path_factory):
-    return make_demo(tmp_path_factory.mktemp("demo") / "demo")
-
-
-@pytest.fixture(scope="module")
-def stack(demo_dir):
-    return load_stack(demo_dir)
 
 
 class Injector:

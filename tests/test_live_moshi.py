@@ -32,6 +32,7 @@ import pytest
 
 from audio_harness import pulse_server  # noqa: F401  (fixture)
 from omnidesk.engine.timeline import validate
+from support import cache  # noqa: F401  (fixture: a private XDG cache, where the Moshi demo is made)
 from test_live import (AUDIBLE, BLOCK, REC_RATE, Recorder, audible_blocks, echo_path,  # noqa: F401  (fixture)
                        find_in_recording, start_session, wav)
 
@@ -43,21 +44,6 @@ SPEECH_S = (SPEECH[-1] - SPEECH[0]) / REC_RATE
 # Share of the question's 10 ms blocks with sound on the speaker: ~0 for a turn-based model, 0.9-1.0
 # for the demo here; gaps are playback underruns when another job slows the steps.
 MIN_SHARE = 0.6
-
-
-@pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-    """A private XDG cache where the Moshi demo is made; torch threads restored after."""
-    import torch
-
-    root = tmp_path_factory.mktemp("xdg-moshi-live")
-    threads = torch.get_num_threads()
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("XDG_CACHE_HOME", str(root))
-        mp.setenv("XDG_STATE_HOME", str(root / "state"))
-        mp.setenv("HF_HOME", str(root / "hf"))
-        yield root
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

@@ -30,22 +30,10 @@ from omnidesk.models.moshi.executor import check_fits, estimate_memory, load_mos
 from omnidesk.models.moshi.lm import MoshiLM, MoshiLMGen, load_moshi_lm
 from omnidesk.models.moshi.mimi import load_mimi
 from omnidesk.models.moshi.tokenizer import MoshiTokenizer, demo_tokenizer_bytes
+from support import cache  # noqa: F401  (fixture: a private XDG cache, the Moshi demo at its default place there)
 
 QUESTION = Path(__file__).parent / "fixtures" / "question.wav"
 FRAME = 1920
-
-
-@pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-    """A private XDG cache holding the Moshi demo at its default place; torch threads restored after."""
-    root = tmp_path_factory.mktemp("xdg")
-    threads = torch.get_num_threads()
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("XDG_CACHE_HOME", str(root))
-        mp.setenv("XDG_STATE_HOME", str(root / "state"))
-        mp.setenv("HF_HOME", str(root / "hf"))
-        yield root
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

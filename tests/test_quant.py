@@ -20,7 +20,6 @@ is itself checked on hand-made values here.  Tolerances (float32 on the CPU):
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
@@ -29,6 +28,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 import quant_writer
+from support import damageable_copy
 from omnidesk.models.checkpoint import CheckpointError, ConfigError
 from omnidesk.models.quant import (AWQ_ORDER, AWQ_REVERSE_ORDER, IntWeights, QuantConfig, QuantLinear, quant_linears,
                                    read_quant_config, unpack, unpack_awq, unpack_gptq)
@@ -68,10 +68,7 @@ def quantized(tiny_checkpoints, tmp_path_factory):
 @pytest.fixture
 def gptq_copy(quantized, tmp_path):
     """A private, damageable copy of the GPTQ checkpoint."""
-    src, _ = quantized("gptq")
-    dst = tmp_path / "gptq"
-    shutil.copytree(src, dst)
-    return dst
+    return damageable_copy(quantized("gptq")[0], tmp_path / "gptq")
 
 
 @torch.inference_mode()

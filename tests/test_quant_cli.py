@@ -154,23 +154,8 @@ def test_window_weights_setting_is_remembered_and_reloads(qtbot, tmp_path, check
 # the demo's intermediate size 344 fits neither kernel (int4: no group size divides it; int8: not a multiple of 16)
 @pytest.mark.parametrize("mode,paths", [("int4", {"int4pack_cpu", "dequant"}), ("int8", {"int8pack", "dequant_int8"})])
 def test_random_stack_quantized_runs_on_the_cpu(tmp_path, mode, paths):
-    import importlib.util
+    from bench_script import run_random_stack
 
-    import torch
-
-    from omnidesk.models.qwen2_5_omni.demo import make_demo
-
-    threads = torch.get_num_threads()
-    spec = importlib.util.spec_from_file_location("random_stack_bench_q", ROOT / "bench" / "random_stack.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    config = make_demo(tmp_path / "demo") / "config.json"
-    out = tmp_path / "stack.json"
-    try:
-        module.main(["--config", str(config), "--device", "cpu", "--dtype", "float32", "--turns", "1",
-                     "--interrupts", "1", "--tokens", "8", "--codes", "16", "--quantize", mode, "--out", str(out)])
-    finally:
-        torch.set_num_threads(threads)
-    r = json.loads(out.read_text())
+    _, r = run_random_stack(tmp_path, "--quantize", mode, module_name="random_stack_bench_q")
     assert r["quantization"]["format"] == mode and set(r["quantization"]["paths"]) == paths
     assert r["stages"] and r["interrupt"] and r["memory_estimate_gb"]["weights"] > 0

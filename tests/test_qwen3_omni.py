@@ -23,6 +23,7 @@ from omnidesk.models.qwen3_omni.executor import Qwen3OmniExecutor, talker_defaul
 from omnidesk.models.qwen3_omni.loading import load_stack
 from omnidesk.models.qwen3_omni.tools import generate_reply
 from omnidesk.models.sampling import SamplingParams
+from support import speech_like_wave as _wave
 
 MAX_TEXT, FRAMES = 12, 36
 
@@ -40,15 +41,6 @@ def q3(tmp_path_factory):
         ref.talker.codec_head.weight[eos] = 0
     ref.save_pretrained(path)
     return path, ref
-
-
-def _wave(seconds: float, seed: int) -> torch.Tensor:
-    g = torch.Generator().manual_seed(seed)
-    t = torch.arange(int(seconds * 16000)) / 16000
-    f0 = 140 + 40 * torch.sin(2 * torch.pi * 0.7 * t)
-    phase = 2 * torch.pi * torch.cumsum(f0, 0) / 16000
-    wave = sum(0.3 / k * torch.sin(k * phase) for k in range(1, 6))
-    return (wave * (0.6 + 0.4 * torch.sin(2 * torch.pi * 3 * t)) + 0.01 * torch.randn(t.shape, generator=g)).float()
 
 
 @torch.inference_mode()

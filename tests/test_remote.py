@@ -368,40 +368,39 @@ def _fail_then_retry(double, executor, speech_like, breaks, fixes=lambda: None):
     return failure, failed, retry
 
 
-def test_a_server_error_before_the_stream_has_its_own_message(double, speech_like):
+def _fail_with_reply(double, speech_like, reply: Reply):
+    """:func:`_fail_then_retry` on a new connection, turn 2 answered with ``reply`` (the retry with the default)."""
     ex = connect(double.url).executor
-    failure, failed, _ = _fail_then_retry(double, ex, speech_like, lambda: double.replies.append(
-        Reply(status=500, message="CUDA error: an illegal memory access was encountered")))
+    return _fail_then_retry(double, ex, speech_like, lambda: double.replies.append(reply))
+
+
+def test_a_server_error_before_the_stream_has_its_own_message(double, speech_like):
+    failure, failed, _ = _fail_with_reply(double, speech_like, Reply(
+        status=500, message="CUDA error: an illegal memory access was encountered"))
     assert f"the server at {double.url} answered 500 before the reply: CUDA error" in failure.message
 
 
 def test_a_client_error_before_the_stream_has_its_own_message(double, speech_like):
-    ex = connect(double.url).executor
-    failure, _, _ = _fail_then_retry(double, ex, speech_like, lambda: double.replies.append(
-        Reply(status=400, message="Invalid speaker 'Ethan'. Supported: aiden, chelsie")))
+    failure, _, _ = _fail_with_reply(double, speech_like, Reply(
+        status=400, message="Invalid speaker 'Ethan'. Supported: aiden, chelsie"))
     assert f"{double.url} answered 400 before the reply: Invalid speaker 'Ethan'" in failure.message
 
 
 def test_an_error_during_the_stream_has_its_own_message(double, speech_like):
-    ex = connect(double.url).executor
-    failure, failed, _ = _fail_then_retry(double, ex, speech_like, lambda: double.replies.append(
-        Reply(fail_after=6, fail_with="error", message="talker stage died")))
+    failure, failed, _ = _fail_with_reply(double, speech_like, Reply(fail_after=6, fail_with="error",
+                                                                     message="talker stage died"))
     assert f"the server at {double.url} failed during the reply (500): talker stage died" in failure.message
     assert failed.chunks >= 6  # the error came mid-stream, after text had been shown
 
 
 def test_a_malformed_chunk_has_its_own_message(double, speech_like):
-    ex = connect(double.url).executor
-    failure, failed, _ = _fail_then_retry(double, ex, speech_like, lambda: double.replies.append(
-        Reply(fail_after=4, fail_with="malformed")))
+    failure, failed, _ = _fail_with_reply(double, speech_like, Reply(fail_after=4, fail_with="malformed"))
     assert f"the server at {double.url} sent a chunk this client cannot read: not JSON" in failure.message
     assert failed.disconnected is not None  # the client hung up on it
 
 
 def test_an_audio_chunk_that_is_not_a_sound_file_has_its_own_message(double, speech_like):
-    ex = connect(double.url).executor
-    failure, _, _ = _fail_then_retry(double, ex, speech_like, lambda: double.replies.append(
-        Reply(fail_after=4, fail_with="bad_audio")))
+    failure, _, _ = _fail_with_reply(double, speech_like, Reply(fail_after=4, fail_with="bad_audio"))
     assert f"the server at {double.url} sent an audio chunk this client cannot read" in failure.message
 
 
@@ -417,9 +416,7 @@ def test_a_stalled_stream_times_out_with_its_own_message(double, speech_like):
 
 
 def test_a_connection_dropped_mid_stream_has_its_own_message(double, speech_like):
-    ex = connect(double.url).executor
-    failure, _, _ = _fail_then_retry(double, ex, speech_like, lambda: double.replies.append(
-        Reply(fail_after=5, fail_with="drop")))
+    failure, _, _ = _fail_with_reply(double, speech_like, Reply(fail_after=5, fail_with="drop"))
     assert f"the server at {double.url} closed the connection in the middle of the reply" in failure.message
 
 

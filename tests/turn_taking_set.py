@@ -55,7 +55,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "dev"))
-from make_speech_fixtures import read_wav  # noqa: E402  (the fixtures' espeak-ng WAV reader)
+from make_speech_fixtures import read_wav, shorten_pauses  # noqa: E402  (the speech fixtures' WAV reader, pause cutter)
 
 RATE = 16000
 VERSION = 1
@@ -137,22 +137,9 @@ def synthesize(text: str, voice: str, rate: int, workdir: Path) -> np.ndarray:
 
 
 def cap_pauses(x: np.ndarray, max_s: float = MAX_INNER_PAUSE_S) -> np.ndarray:
-    """Shorten every run of 10 ms frames under ``TRIM_REL`` of the peak to ``max_s`` (keeping its ends)."""
-    hop = RATE // 100
-    n = len(x) // hop
-    rms = np.sqrt((x[:n * hop].reshape(n, hop).astype(np.float64) ** 2).mean(axis=1))
-    quiet = rms < TRIM_REL * np.abs(x).max()
-    keep = np.ones(len(x), dtype=bool)
-    most = int(round(max_s * 100))
-    start = None
-    for i, q in enumerate(np.append(quiet, False)):
-        if q and start is None:
-            start = i
-        elif not q and start is not None:
-            if i - start > most:
-                keep[(start + most // 2) * hop:(i - (most - most // 2)) * hop] = False
-            start = None
-    return x[keep]
+    """Shorten every run of 10 ms frames under ``TRIM_REL`` of the peak to ``max_s`` (keeping its ends):
+    the speech fixtures' pause cutter, the frames' RMS in float64."""
+    return shorten_pauses(x, RATE, max_s, TRIM_REL, np.float64)
 
 
 def samples(s: float) -> int:

@@ -309,6 +309,9 @@ def tiny_save_check() -> list[str]:
 
 
 def main() -> int:
+    sys.path.insert(0, str(HERE))
+    from shape_checks import verdict  # tests/data/shape_checks.py
+
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--no-tiny-save", action="store_true", help="skip the real save_pretrained round on a tiny model")
     ap.add_argument("--list-names", type=int, default=3, help="example names to print per component")
@@ -323,10 +326,7 @@ def main() -> int:
         failures += report(size.strip(), args.list_names)
     if not args.no_tiny_save:
         failures += tiny_save_check()
-    print("\nRESULT:", "all checks passed" if not failures else "FAILED")
-    for f in failures:
-        print("  -", f)
-    return 1 if failures else 0
+    return verdict(failures)
 
 
 if __name__ == "__main__":

@@ -430,6 +430,9 @@ def tiny_save_check(full_patterns: dict[str, list[int]]) -> list[str]:
 
 
 def main() -> int:
+    sys.path.insert(0, str(HERE.parent))
+    from shape_checks import verdict  # tests/data/shape_checks.py
+
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--check", action="store_true", help="compare tensors.json with a fresh rebuild, do not write")
     ap.add_argument("--no-tiny-save", action="store_true", help="skip the real save_pretrained round on a tiny model")
@@ -459,10 +462,7 @@ def main() -> int:
     failures += check_generate_defaults()
     if not args.no_tiny_save:
         failures += tiny_save_check(data["patterns"])
-    print("\nRESULT:", "all checks passed" if not failures else "FAILED")
-    for f in failures:
-        print("  -", f)
-    return 1 if failures else 0
+    return verdict(failures)
 
 
 if __name__ == "__main__":
