@@ -50,7 +50,7 @@ def home(tmp_path, monkeypatch):
         monkeypatch.setenv(name, value)
     for name in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "OMNIDESK_LOG_DIR", cli.DEBUG_ENV):
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.setattr(cli, "_remembered_model", lambda: None)  # never the developer's QSettings
+    monkeypatch.setattr("omnidesk.cli.model_setup._remembered_model", lambda: None)  # never the developer's QSettings
     return tmp_path
 
 
@@ -154,7 +154,7 @@ def test_reply_without_model_uses_the_cached_checkpoint(tmp_path, hf_home):
 def test_remembered_choice_comes_before_the_cache_and_the_demo_comes_last(capsys, monkeypatch, home, hf_home,
                                                                          fast_load):
     monkeypatch.setenv("HF_HOME", str(hf_home))
-    monkeypatch.setattr(cli, "_remembered_model", lambda: "demo")
+    monkeypatch.setattr("omnidesk.cli.model_setup._remembered_model", lambda: "demo")
     rc, out, _ = run_cli(capsys, "reply", "--input", QUESTION, *FAST_REPLY)
     assert rc == 0
     assert out.splitlines()[0].startswith("model: demo (remembered from the window's model picker); device: cpu")

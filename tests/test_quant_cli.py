@@ -80,7 +80,7 @@ def test_models_list_shows_quantization_and_memory_per_mode(checkpoints, tmp_pat
 
     for name, value in _env(tmp_path).items():
         monkeypatch.setenv(name, value)
-    monkeypatch.setattr(cli, "_remembered_model", lambda: None)
+    monkeypatch.setattr("omnidesk.cli.model_setup._remembered_model", lambda: None)
     folder = tmp_path / "models"
     folder.mkdir()
     for kind in ("gptq", "float"):

@@ -104,7 +104,7 @@ def test_malformed_config_is_named_with_line_and_column(capsys, bad, tmp_path):
 
 def test_bench_out_is_checked_before_the_benchmark_runs(capsys, demo, monkeypatch):
     ran = []
-    monkeypatch.setattr(cli, "_prepare", lambda *a, **k: ran.append(1))
+    monkeypatch.setattr("omnidesk.cli.check._prepare", lambda *a, **k: ran.append(1))
     target = Path("/proc/omnidesk-bench/out.json")  # no folder can be made there, even by root
     rc, out, err = _run(capsys, "bench", "--model", demo, "--out", target)
     assert rc == 2 and not ran

@@ -1,0 +1,7 @@
+"""``python -m omnidesk.cli``: the same as ``omnidesk`` (and ``python -m omnidesk``)."""
+
+import sys
+
+from . import main
+
+sys.exit(main())
