@@ -1,5 +1,5 @@
 """Connecting the front ends (``omnidesk talk/live --server``, the window's "Server…" entry) to a
-vLLM-Omni server.  Kept out of cli.py and gui/ so that they only need a few lines each.
+vLLM-Omni server.  Kept out of cli/ and gui/ so that they only need a few lines each.
 
 Importing this module is light (no httpx until a server is actually used).
 """
@@ -91,7 +91,7 @@ def add_server_options(p) -> None:
 
 
 def prepare_server(args, out, prepared_cls):
-    """cli._prepare for --server: nothing to resolve on this machine; say what runs where."""
+    """cli.model_setup._prepare for --server: nothing to resolve on this machine; say what runs where."""
     from omnidesk.errors import UsageError
 
     if getattr(args, "model", None):
@@ -109,7 +109,7 @@ def prepare_server(args, out, prepared_cls):
 
 
 def load_server(args, prepared, out):
-    """cli._load for --server: connect, then say what the model is, where the audio goes, and
+    """cli.model_setup._load for --server: connect, then say what the model is, where the audio goes, and
     anything the server does differently (its audio only at the end of a reply)."""
     from omnidesk.errors import UsageError
     from omnidesk.models.families import Loaded
