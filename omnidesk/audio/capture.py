@@ -26,7 +26,7 @@ from typing import Callable
 
 import numpy as np
 
-FRAME_MS = 40
+from omnidesk.engine.frames import FRAME_MS, Reframer, frame_samples
 # A device time that differs this much from the samples counted since (a dropped block, a reopened
 # stream, or the sound card's clock drifting from the system's) moves the frames' stamps to it.
 # Larger than the ADC times' jitter (a few ms on ALSA), smaller than half a frame.
@@ -150,8 +150,9 @@ class CapturePath:
         self._ref_in = _Resampler(device_rate, canceller_rate)  # the same filter: the pair stays aligned
         self._out = _Resampler(canceller_rate, rate)
         self._direct = _Resampler(device_rate, rate)
-        self._cancel_n = canceller_rate * FRAME_MS // 1000
-        self._frame_n = rate * FRAME_MS // 1000
+        self._cancel_n = frame_samples(canceller_rate)
+        self._frame_n = frame_samples(rate)
+        self._cut = Reframer(self._frame_n)  # the engine's 40 ms frames, cut as soon as they are whole
         self._direct_now = False
         self.clear()
 
@@ -159,7 +160,8 @@ class CapturePath:
         """Forget everything buffered (the streams were reopened)."""
         for rs in (self._mic_in, self._ref_in, self._out, self._direct):
             rs.clear()
-        self._mic = self._ref = self._ready = np.zeros(0, np.float32)
+        self._mic = self._ref = np.zeros(0, np.float32)
+        self._cut.clear()
         self._drop_device, self._drop_cancelled = self._lead()  # still to drop, at each stage
         # what is dropped, in seconds: every drop is done before the first frame comes out
         self._lead_s = self._drop_device / self.device_rate + self._drop_cancelled / self.canceller_rate
@@ -256,8 +258,4 @@ class CapturePath:
                 y = y[k:]
                 self._drop_cancelled -= k
             y = self._out(y) if y.size else y
-        self._ready = np.concatenate([self._ready, y])
-        m = self._frame_n
-        frames = [self._ready[i:i + m] for i in range(0, self._ready.size - m + 1, m)]
-        self._ready = self._ready[len(frames) * m:]
-        return frames
+        return self._cut.push(y)

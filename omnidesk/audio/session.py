@@ -5,7 +5,9 @@
 * the :class:`~omnidesk.audio.device.AudioIO` streams (PortAudio's threads
   copy into rings; nothing else happens there),
 * an :class:`~omnidesk.engine.engine.EngineThread` whose asyncio loop runs the
-  engine and :meth:`_drive`: every 10 ms it takes what was captured through
+  engine and :meth:`_drive`: the frame driver
+  (:class:`~omnidesk.engine.frames.FrameDriver`) with the devices as its pushed
+  source (:class:`_DeviceFrames`): every 10 ms it takes what was captured through
   the :class:`~omnidesk.audio.capture.CapturePath` (microphone and playback
   reference to the echo canceller's rate with the same filter, so they stay
   aligned; the echo cancelled in 40 ms frames; on to the model's own rate),
@@ -45,6 +47,7 @@ import numpy as np
 from omnidesk.engine.duplex import DuplexEngine, make_engine, session_rate, vad_rate
 from omnidesk.engine.engine import Engine, EngineConfig, EngineThread, TurnState
 from omnidesk.engine.executor import Executor, end_session
+from omnidesk.engine.frames import FrameDriver, PushedSource
 from omnidesk.engine.rates import TimedExecutor
 from omnidesk.engine.timeline import Timeline
 from omnidesk.engine.vad import Endpointer, EndpointerConfig, level_dbfs
@@ -338,58 +341,10 @@ class LiveSession:
                           talk_pressed=self._talk_pressed)
 
     async def _drive(self) -> None:
-        audio, engine, capture = self.audio, self.engine, self.capture
-        capture.clear()
-        # The session clock: stream time minus the ADC time of the first captured sample.  Frames
-        # are stamped with when their samples reached the microphone's ADC and the reply's start
-        # with when it reached the DAC (DeviceSpeaker.origin), both from PortAudio, so the turn's
-        # voice-to-voice includes the device buffers the user hears through.
-        origin = None
+        self.capture.clear()
         self._level = -120.0
-        last_callbacks, stalled_since = -1, None
-        reopens = 0
-        loop = asyncio.get_running_loop()
         try:
-            while not self._closing:
-                await asyncio.sleep(POLL_S)
-                if audio.error is None:
-                    if audio.callbacks == last_callbacks:
-                        stalled_since = stalled_since or loop.time()
-                        limit = STALL_S if audio.callbacks > 50 else STARTUP_GRACE_S
-                        if loop.time() - stalled_since > limit:
-                            audio.fail(f"no audio from {audio.input.name!r} for {STALL_S:.1f} s "
-                                       "(device unplugged or taken by another program?)")
-                    else:
-                        last_callbacks, stalled_since = audio.callbacks, None
-                if audio.error is not None and audio.callbacks <= 50 and reopens < STARTUP_REOPENS:
-                    # died while starting (seen with ALSA's pulse plugin): try again quietly
-                    reopens += 1
-                    try:
-                        audio.reopen()
-                        capture.clear()
-                        last_callbacks, stalled_since = -1, None
-                        continue
-                    except AudioDeviceError as e:
-                        audio.fail(str(e))
-                if audio.error is not None:
-                    await engine.interrupt(onset=engine.now, confirmed=engine.now)
-                    self.on_update("error", audio.error + "; check the device and press Retry")
-                    return
-                mic, ref, t_adc = audio.read()
-                if mic.size == 0:
-                    continue
-                if origin is None and t_adc is not None:
-                    origin = audio.speaker.origin = t_adc
-                    self.timeline.extra["clock"] = {
-                        "session_origin_stream_time": t_adc,
-                        "stream_clock": "PortAudio stream time: session time = stream time - origin; "
-                                        "frames stamped with their ADC time, playback with its DAC time"}
-                t = None if t_adc is None or origin is None else t_adc - origin
-                for t_frame, frame in capture.timed(mic, ref, self.aec is None or self.aec.bypass, t):
-                    frame = self._prepare(frame)
-                    await engine.on_frame(frame, t_frame)
-                    self.frames += 1
-                    self.on_update("status", self._status())
+            await FrameDriver(self.engine, self.capture.rate).run(_DeviceFrames(self))
         except Exception as e:  # noqa: BLE001 - shown to the user; the session stops cleanly
             import logging
 
@@ -442,6 +397,76 @@ class LiveSession:
                     self._inject[0] = head[k:]
         self._level = level_dbfs(frame)
         return frame
+
+
+class _DeviceFrames(PushedSource):
+    """The devices as the frame driver's source: the sound card is the clock.
+
+    Every ``POLL_S`` it reads what was captured (microphone, the playback reference and the ADC
+    time of the microphone's first sample), watches the stream (stalls, a start that died), and
+    hands over the frames the capture path completed, each prepared (mute, push-to-talk,
+    injected audio) just before the engine takes it."""
+
+    def __init__(self, session: LiveSession):
+        self.session = session
+        self.audio, self.engine, self.capture = session.audio, session.engine, session.capture
+        # The session clock: stream time minus the ADC time of the first captured sample.  Frames
+        # are stamped with when their samples reached the microphone's ADC and the reply's start
+        # with when it reached the DAC (DeviceSpeaker.origin), both from PortAudio, so the turn's
+        # voice-to-voice includes the device buffers the user hears through.
+        self.origin = None
+        self.last_callbacks, self.stalled_since = -1, None
+        self.reopens = 0
+        self.loop = asyncio.get_running_loop()
+
+    async def captured(self):
+        s = self.session
+        audio, engine, capture, loop = self.audio, self.engine, self.capture, self.loop
+        while not s._closing:
+            await asyncio.sleep(POLL_S)
+            if audio.error is None:
+                if audio.callbacks == self.last_callbacks:
+                    self.stalled_since = self.stalled_since or loop.time()
+                    limit = STALL_S if audio.callbacks > 50 else STARTUP_GRACE_S
+                    if loop.time() - self.stalled_since > limit:
+                        audio.fail(f"no audio from {audio.input.name!r} for {STALL_S:.1f} s "
+                                   "(device unplugged or taken by another program?)")
+                else:
+                    self.last_callbacks, self.stalled_since = audio.callbacks, None
+            if audio.error is not None and audio.callbacks <= 50 and self.reopens < STARTUP_REOPENS:
+                # died while starting (seen with ALSA's pulse plugin): try again quietly
+                self.reopens += 1
+                try:
+                    audio.reopen()
+                    capture.clear()
+                    self.last_callbacks, self.stalled_since = -1, None
+                    continue
+                except AudioDeviceError as e:
+                    audio.fail(str(e))
+            if audio.error is not None:
+                await engine.interrupt(onset=engine.now, confirmed=engine.now)
+                s.on_update("error", audio.error + "; check the device and press Retry")
+                return None
+            mic, ref, t_adc = audio.read()
+            if mic.size == 0:
+                continue
+            if self.origin is None and t_adc is not None:
+                self.origin = audio.speaker.origin = t_adc
+                s.timeline.extra["clock"] = {
+                    "session_origin_stream_time": t_adc,
+                    "stream_clock": "PortAudio stream time: session time = stream time - origin; "
+                                    "frames stamped with their ADC time, playback with its DAC time"}
+            t = None if t_adc is None or self.origin is None else t_adc - self.origin
+            prepare = s._prepare
+            return ((t_frame, prepare(frame))
+                    for t_frame, frame in capture.timed(mic, ref, s.aec is None or s.aec.bypass, t))
+        return None
+
+    def heard(self, frame: np.ndarray) -> bool:
+        s = self.session
+        s.frames += 1
+        s.on_update("status", s._status())
+        return True
 
 
 __all__ = ["LiveSession", "LiveSettings", "LiveStatus", "AudioDeviceError"]

@@ -48,6 +48,7 @@ import numpy as np
 
 from .engine import EngineStats, TurnFailure, TurnState
 from .executor import StageError
+from .frames import Reframer
 from .speaker import VirtualSpeaker
 from .timeline import Timeline
 from .vad import Endpoint, Endpointer, SpeechStart, _PreRoll
@@ -156,13 +157,14 @@ class DuplexEngine:
         rate_in, vad = executor.sample_rate_in, endpointer.sample_rate
         # the speech detector's own copy (a side branch; the model's path is never resampled here)
         self._to_vad = None if vad == rate_in else soxr.ResampleStream(rate_in, vad, 1, dtype="float32")
-        self._vad_pending = np.zeros(0, np.float32)  # detector-rate audio not yet a whole frame
-        self._vad_samples = 0  # detector-rate samples pushed: the detector's clock
+        # the detector's frames, on its own clock (the samples it was given since the first frame);
+        # the resampler's output is the engine's own: the frames may be views of it
+        self._vad_frames = Reframer(endpointer.frame_samples, borrow=True)
         self._t0: float | None = None  # session time of the first frame
         # the last utterance at the model's rate (repeat last question plays it into the model's path)
         cfg = endpointer.config
         self._recent = _PreRoll(int((cfg.pre_roll_ms / 1000 + cfg.max_utterance_s + 1.0) * rate_in))
-        self._pending = np.zeros(0, np.float32)  # input not yet a whole model frame
+        self._model_frames = Reframer(executor.frame_samples_in)  # 40 ms frames -> the model's frames
         self._queue: list[tuple[np.ndarray, float]] = []  # (model frame, session time its last sample arrived)
         self._task: asyncio.Task | None = None
         self._closing = False  # aclose() began: frames that still arrive are not stepped
@@ -201,11 +203,8 @@ class DuplexEngine:
             self.now = t + x.size / self.ex.sample_rate_in
             self._recent.push(x)
             self._listen(x)
-            self._pending = np.concatenate([self._pending, x])
-            n = self.ex.frame_samples_in
-            while self._pending.size >= n:
-                self._queue.append((self._pending[:n].copy(), self.now))
-                self._pending = self._pending[n:]
+            for model_frame in self._model_frames.push(x):
+                self._queue.append((model_frame, self.now))
             self._drop_if_behind()
             if self._queue and (self._task is None or self._task.done()):
                 self._task = self._loop.create_task(self._run_steps())
@@ -220,15 +219,9 @@ class DuplexEngine:
         (the resampler releases audio in bursts, so a call may carry zero, one or two frames)."""
         ep = self.endpointer
         y = x if self._to_vad is None else self._to_vad.resample_chunk(x)
-        self._vad_pending = np.concatenate([self._vad_pending, y]) if self._vad_pending.size else y
-        n, done = ep.frame_samples, 0
-        while self._vad_pending.size - done >= n:
-            t = self._t0 + self._vad_samples / ep.sample_rate
-            for event in ep.push(self._vad_pending[done:done + n], t):
+        for t, frame in self._vad_frames.timed(y, self._t0, ep.sample_rate):
+            for event in ep.push(frame, t):
                 self._on_vad(event)
-            done += n
-            self._vad_samples += n
-        self._vad_pending = self._vad_pending[done:].copy() if done else self._vad_pending
 
     def _utterance_at_model_rate(self, start: float | None) -> np.ndarray:
         """What the model heard from session time ``start`` (the utterance's first sample) to now."""

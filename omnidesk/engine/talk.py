@@ -9,33 +9,31 @@ playing.  With ``no_vad`` every input is exactly one turn: it starts at the
 file's first sample and ends at its last.  The script stops at the first failed
 turn (``engine.failure``), with the timeline of the turns so far (unless
 ``stop_on_failure`` is off: then the engine drops that turn and the script goes on).
+
+The frame loop (clock, speaker tick, pacing) is :class:`~omnidesk.engine.frames.FrameDriver`'s;
+the script here only says which frame comes next.
 """
 
 from __future__ import annotations
 
-import asyncio
-import time
 from dataclasses import dataclass
+from typing import Iterator
 
 import numpy as np
 
 from .duplex import DuplexEngine, make_engine, session_rate, vad_rate
 from .engine import Engine, EngineConfig
 from .executor import Executor, end_session
+from .frames import FRAME_S, ClockedSource, FrameDriver, clocked_speaker
 from .speaker import VirtualSpeaker
 from .timeline import Timeline
 from .vad import Endpoint, Endpointer, EndpointerConfig, EnergyVAD, SpeechStart
 
-FRAME_S = 0.04
 LEAD_SILENCE_S = 0.3  # before the first input
 GAP_S = 0.6  # after a reply finished playing, before the next input
 TAIL_S = 0.5  # after the last reply
 MAX_WAIT_S = 60.0  # give up waiting for a reply to finish
 DUPLEX_TAIL_S = 2.0  # a duplex model never "finishes": after the last input, listen this long
-
-
-class _TurnFailed(Exception):
-    """Raised inside run_script to stop at the first failed turn."""
 
 
 class ScriptedEndpointer(Endpointer):
@@ -105,6 +103,77 @@ class Script:
     stop_on_failure: bool = True  # False: a failed turn is dropped and the script goes on (as the app does)
 
 
+class _ScriptedMic(ClockedSource):
+    """The script's microphone: its frames (the script proper, :func:`_script_frames`) with the
+    barge-in mixed in; the run stops at the first failed turn when the script says so."""
+
+    def __init__(self, frames: Iterator[np.ndarray], driver: FrameDriver, script: Script, timeline: Timeline,
+                 engine: Engine | DuplexEngine):
+        self.frames, self.driver, self.script, self.timeline, self.engine = frames, driver, script, timeline, engine
+        self.overlay = None  # (start sample on the mic clock, audio)
+
+    async def next_frame(self, t: float) -> np.ndarray | None:
+        frame = next(self.frames, None)
+        if frame is None:
+            return None
+        barge_in = self.script.barge_in
+        if barge_in is not None and self.overlay is None:
+            turns = self.timeline.turns
+            first = turns[0].events["playback_start"] if turns else None
+            if first is not None:
+                self.overlay = (int(round((first + barge_in[0]) * self.driver.rate)), barge_in[1])
+        if self.overlay is not None:
+            lo = self.driver.sample - self.overlay[0]
+            if lo + frame.size > 0 and lo < self.overlay[1].size:
+                seg = self.overlay[1][max(0, lo):lo + frame.size]
+                frame = frame.copy()
+                frame[max(0, -lo):max(0, -lo) + seg.size] += seg
+        return frame
+
+    def heard(self, frame: np.ndarray) -> bool:
+        # the caller reports engine.failure; the timeline holds the turns so far
+        return self.engine.failure is None or not self.script.stop_on_failure
+
+
+def _script_frames(script: Script, driver: FrameDriver, engine: Engine | DuplexEngine, endpointer: Endpointer,
+                   timeline: Timeline, duplex: bool) -> Iterator[np.ndarray]:
+    """The script as microphone frames.  The driver takes each when the one before has been heard
+    (and paced), so ``driver.t`` and ``engine.idle`` here are as of that moment."""
+    rate_in, frame_in = driver.rate, driver.frame_samples
+    silence = np.zeros(frame_in, np.float32)
+
+    def wait_idle(extra_s: float) -> Iterator[np.ndarray]:
+        waited = 0.0
+        # a duplex model talks when it likes (a random demo all the time): the script only paces it
+        while not duplex and not engine.idle and waited < MAX_WAIT_S:
+            yield silence
+            waited += FRAME_S
+        for _ in range(int(round(extra_s / FRAME_S))):
+            yield silence
+
+    for _ in range(int(round(LEAD_SILENCE_S / FRAME_S))):
+        yield silence
+    # Where each input was played on the session clock: a turn belongs to the input its speech
+    # started in (bench/turn_taking.py maps labelled files to turns with it).
+    played = timeline.extra.setdefault("inputs", [])
+    for utterance in script.inputs:
+        t = driver.t
+        if script.no_vad:
+            endpointer.begin(t)
+        played.append({"start_s": round(t, 6), "end_s": round(t + utterance.size / rate_in, 6)})
+        padded = np.concatenate([utterance, np.zeros((-utterance.size) % frame_in, np.float32)])
+        for i in range(0, padded.size, frame_in):
+            yield padded[i:i + frame_in]
+        if script.no_vad:
+            endpointer.end(driver.t)
+            yield silence
+        yield from wait_idle(GAP_S)
+    # let a late barge-in happen, then let its reply finish
+    if script.barge_in is not None:
+        yield from wait_idle(TAIL_S)
+    yield from wait_idle(DUPLEX_TAIL_S if duplex else TAIL_S)
+
+
 async def run_script(executor: Executor, script: Script, config: EngineConfig, timeline: Timeline,
                      realtime: bool = True, endpointer_config: EndpointerConfig | None = None,
                      on_update=None, detector=None, judge=None,
@@ -116,9 +185,7 @@ async def run_script(executor: Executor, script: Script, config: EngineConfig, t
     (Ctrl-C) can still write what was played and the turns so far."""
     rate_in = session_rate(executor)  # the microphone: what the model hears, as it hears it
     duplex = getattr(executor, "duplex", False)
-    frame_in = int(round(FRAME_S * rate_in))
-    speaker = VirtualSpeaker(sample_rate=executor.sample_rate_out, block=int(round(FRAME_S * executor.sample_rate_out)),
-                             capacity_s=config.max_audio_ahead_s + 2.0)
+    speaker = clocked_speaker(executor.sample_rate_out, config.max_audio_ahead_s + 2.0)
     vad = vad_rate(executor)  # a duplex engine makes the detector's copy itself
     endpointer = ScriptedEndpointer(vad) if script.no_vad else \
         Endpointer(detector or EnergyVAD(), endpointer_config or EndpointerConfig(), vad, judge=judge)
@@ -126,72 +193,11 @@ async def run_script(executor: Executor, script: Script, config: EngineConfig, t
     engine.interrupt_after_s = script.interrupt_after_s
     if held is not None:
         held.update(engine=engine, speaker=speaker)
-    t = 0.0
-    start = time.monotonic()
-    overlay = None  # (start_sample_on_mic_clock, audio)
-    mic_sample = 0
-
-    async def tick(frame: np.ndarray) -> None:
-        nonlocal t, mic_sample, overlay
-        if script.barge_in is not None and overlay is None:
-            first = timeline.turns[0].events["playback_start"] if timeline.turns else None
-            if first is not None:
-                overlay = (int(round((first + script.barge_in[0]) * rate_in)), script.barge_in[1])
-        if overlay is not None:
-            lo = mic_sample - overlay[0]
-            if lo + frame.size > 0 and lo < overlay[1].size:
-                seg = overlay[1][max(0, lo):lo + frame.size]
-                frame = frame.copy()
-                frame[max(0, -lo):max(0, -lo) + seg.size] += seg
-        # The speaker plays the block [t, t + 40 ms) from what was buffered at t; the mic frame
-        # covering the same interval is only complete (and processed) at its end.
-        speaker.tick()
-        await engine.on_frame(frame, t)
-        if engine.failure is not None and script.stop_on_failure:
-            raise _TurnFailed
-        mic_sample += frame.size
-        t = mic_sample / rate_in  # from the sample count: no drift from summing 0.04
-        if realtime:
-            delay = start + t - time.monotonic()
-            if delay > 0:
-                await asyncio.sleep(delay)
-        else:
-            await engine.settle()
-
-    silence = np.zeros(frame_in, np.float32)
-
-    async def wait_idle(extra_s: float) -> None:
-        waited = 0.0
-        # a duplex model talks when it likes (a random demo all the time): the script only paces it
-        while not duplex and not engine.idle and waited < MAX_WAIT_S:
-            await tick(silence)
-            waited += FRAME_S
-        for _ in range(int(round(extra_s / FRAME_S))):
-            await tick(silence)
-
+    # a late frame follows the one before at once, as a device's burst would
+    driver = FrameDriver(engine, rate_in, speaker, realtime=realtime, yield_when_late=False)
+    frames = _script_frames(script, driver, engine, endpointer, timeline, duplex)
     try:
-        for _ in range(int(round(LEAD_SILENCE_S / FRAME_S))):
-            await tick(silence)
-        # Where each input was played on the session clock: a turn belongs to the input its speech
-        # started in (bench/turn_taking.py maps labelled files to turns with it).
-        played = timeline.extra.setdefault("inputs", [])
-        for utterance in script.inputs:
-            if script.no_vad:
-                endpointer.begin(t)
-            played.append({"start_s": round(t, 6), "end_s": round(t + utterance.size / rate_in, 6)})
-            padded = np.concatenate([utterance, np.zeros((-utterance.size) % frame_in, np.float32)])
-            for i in range(0, padded.size, frame_in):
-                await tick(padded[i:i + frame_in])
-            if script.no_vad:
-                endpointer.end(t)
-                await tick(silence)
-            await wait_idle(GAP_S)
-        # let a late barge-in happen, then let its reply finish
-        if overlay is not None or script.barge_in is not None:
-            await wait_idle(TAIL_S)
-        await wait_idle(DUPLEX_TAIL_S if duplex else TAIL_S)
-    except _TurnFailed:
-        pass  # the caller reports engine.failure; the timeline holds the turns so far
+        await driver.run(_ScriptedMic(frames, driver, script, timeline, engine))
     finally:
         await engine.aclose()
         engine.close()

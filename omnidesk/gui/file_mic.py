@@ -8,7 +8,8 @@ close, interrupt, interrupt_after, repeat_last_question, set_muted, ...), so
 the window treats both alike.  The speaker is virtual: replies are timed and
 played out like on a device, but not heard.
 
-The loop is ``omnidesk talk``'s: every 40 ms one microphone frame (file audio
+The loop is ``omnidesk talk``'s (:class:`~omnidesk.engine.frames.FrameDriver`, this
+session being its clocked source): every 40 ms one microphone frame (file audio
 or silence) goes to the engine and the virtual speaker plays one block.  With
 ``realtime=False`` the loop runs as fast as the CPU allows (tests) and stands
 still while there is nothing to hear or say.
@@ -28,6 +29,7 @@ from omnidesk.audio.vad import WebRtcVAD
 from omnidesk.engine.duplex import DuplexEngine, make_engine, session_rate, vad_rate
 from omnidesk.engine.engine import Engine, EngineConfig, EngineStats, EngineThread, TurnState
 from omnidesk.engine.executor import end_session
+from omnidesk.engine.frames import ClockedSource, FrameDriver, clocked_speaker
 from omnidesk.engine.rates import TimedExecutor
 from omnidesk.engine.speaker import VirtualSpeaker
 from omnidesk.engine.timeline import Timeline
@@ -35,12 +37,11 @@ from omnidesk.engine.vad import level_dbfs
 
 log = logging.getLogger("omnidesk.gui")
 
-FRAME_S = 0.04
 STATUS_EVERY_S = 0.04  # wall time between status updates (the live session's rate)
 REPLYING = (TurnState.RESPONDING, TurnState.SUSPECTED_BARGE_IN)
 
 
-class FileMicSession:
+class FileMicSession(ClockedSource):
     """Same interface as the live session; :meth:`say` plays audio into the (virtual) microphone."""
 
     def __init__(self, executor, settings: LiveSettings | None = None, engine_config: EngineConfig | None = None,
@@ -64,7 +65,9 @@ class FileMicSession:
         self.muted = False
         self._stop_clicks: collections.deque[float] = collections.deque()  # monotonic times of stop clicks
         self._interrupt_after_s: float | None = None  # armed before the engine exists
-        self._start_mono = 0.0
+        self._driver: FrameDriver | None = None
+        self._last_status = 0.0  # monotonic time of the last status update (0: none since the clock stood still)
+        self._frame: np.ndarray | None = None  # the last frame heard
         self.now = 0.0  # session time of the frame being processed
         self.push_to_talk = False
         self.talk_pressed = False
@@ -152,8 +155,7 @@ class FileMicSession:
     async def _setup(self) -> None:
         ex = self.executor
         await asyncio.get_running_loop().run_in_executor(None, ex.reset_conversation)  # a new conversation
-        self.speaker = VirtualSpeaker(sample_rate=ex.sample_rate_out, block=int(round(FRAME_S * ex.sample_rate_out)),
-                                      capacity_s=self.engine_config.max_audio_ahead_s + 2.0, record=False)
+        self.speaker = clocked_speaker(ex.sample_rate_out, self.engine_config.max_audio_ahead_s + 2.0, record=False)
         # the same speech detection and endpointing as on a microphone (a duplex engine gives it a
         # 16 kHz copy of what the model hears)
         rate = vad_rate(ex)
@@ -191,38 +193,37 @@ class FileMicSession:
         duplex = getattr(self.engine, "duplex", False)
         if clicked is not None and (duplex or self.engine.state in REPLYING):
             # the click on the session clock (realtime), never later than the frame being processed
-            due = min(clicked - self._start_mono, t) if self.realtime else t
+            due = min(clicked - self._driver.start_mono, t) if self.realtime else t
             await self.engine.interrupt(onset=due, confirmed=due)
 
     async def _run(self) -> None:
-        engine, rate = self.engine, session_rate(self.executor)
-        n = int(round(FRAME_S * rate))
-        sample = 0
-        self._start_mono = time.monotonic()
-        last_status = 0.0
-        frame = np.zeros(n, np.float32)
+        self._driver = FrameDriver(self.engine, session_rate(self.executor), self.speaker, realtime=self.realtime)
+        self._last_status = 0.0
+        self._frame = np.zeros(self._driver.frame_samples, np.float32)
+        await self._driver.run(self)
+
+    async def next_frame(self, t: float) -> np.ndarray | None:
+        """The driver's next frame: the files being said, or silence (None once closing)."""
+        engine = self.engine
         while not self._closing:
             if not self.realtime and engine.idle and not self._has_input() and not self._stop_clicks:
-                if last_status:  # the clock stops: send the final counters once
-                    last_status = 0.0
-                    self._on_update("status", self._status(frame))
+                if self._last_status:  # the clock stops: send the final counters once
+                    self._last_status = 0.0
+                    self._on_update("status", self._status(self._frame))
                 await asyncio.sleep(0.005)  # nothing to hear or play: the simulated clock stands still
                 continue
-            t = sample / rate
             self.now = t
             await self._stop_if_asked(t)
-            frame = self._next_frame(n)
-            self.speaker.tick()  # plays [t, t + 40 ms) while the mic frame of the same interval arrives
-            await engine.on_frame(frame, t)
-            sample += n
-            now = time.monotonic()
-            if now - last_status >= STATUS_EVERY_S:
-                last_status = now
-                self._on_update("status", self._status(frame))
-            if self.realtime:
-                await asyncio.sleep(max(0.0, self._start_mono + sample / rate - time.monotonic()))
-            else:
-                await engine.settle()
+            return self._next_frame(self._driver.frame_samples)
+        return None
+
+    def heard(self, frame: np.ndarray) -> bool:
+        self._frame = frame
+        now = time.monotonic()
+        if now - self._last_status >= STATUS_EVERY_S:
+            self._last_status = now
+            self._on_update("status", self._status(frame))
+        return True
 
     def _status(self, frame: np.ndarray) -> LiveStatus:
         thinker, talker, rtf = self.executor.rates()
