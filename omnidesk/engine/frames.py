@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from abc import ABC, abstractmethod
 from typing import Iterable, Protocol
 
 import numpy as np
@@ -118,27 +119,27 @@ class DrivenEngine(Protocol):
     async def settle(self) -> None: ...
 
 
-class ClockedSource:
+class ClockedSource(ABC):
     """A microphone without a clock of its own (a script, a sound file): the driver pulls."""
 
+    @abstractmethod
     async def next_frame(self, t: float) -> np.ndarray | None:
         """The frame starting at session time ``t`` (:attr:`FrameDriver.frame_samples` samples),
         or None: the source is done and the run ends."""
-        raise NotImplementedError
 
     def heard(self, frame: np.ndarray) -> bool:
         """The engine has seen ``frame``; False ends the run (before the clock waits)."""
         return True
 
 
-class PushedSource:
+class PushedSource(ABC):
     """A microphone that is its own clock (a sound card): frames come stamped, when they come."""
 
+    @abstractmethod
     async def captured(self) -> Iterable[tuple[float, np.ndarray]] | None:
         """Wait for the device; the frames that became whole since, each with the session time of
         its first sample, in order (the driver hands each to the engine as it takes it from the
         iterable), or None: the source is done and the run ends."""
-        raise NotImplementedError
 
     def heard(self, frame: np.ndarray) -> bool:
         """The engine has seen ``frame``; False ends the run."""
