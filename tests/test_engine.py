@@ -18,6 +18,7 @@ from omnidesk.models.qwen2_5_omni.executor import QwenOmniExecutor
 from omnidesk.engine.speaker import VirtualSpeaker
 from omnidesk.engine.talk import Script, ScriptedEndpointer, run_script
 from omnidesk.engine.timeline import EVENT_NAMES, Timeline, validate
+from omnidesk.engine.vad import EndpointerConfig
 from support import demo_dir, stack  # noqa: F401  (fixtures: the Qwen2.5-Omni demo, once per module)
 
 
@@ -270,8 +271,12 @@ def test_a_complete_verdict_plays_the_preemptive_reply_sooner_and_the_timeline_s
     runs = {}
     for name, judge in (("fixed", None), ("model", _AlwaysJudge(0.95))):
         timeline = Timeline(model={}, device="cpu")
+        # The energy detector here holds no speech past the voice, so the first look is set after
+        # the preempt point, as it comes with webrtcvad (its 120 ms count from a last speech frame
+        # ~85 ms past the voice): the reply then starts at the pause either way, on the same audio.
+        look = EndpointerConfig(turn_min_silence_ms=EndpointerConfig.preempt_silence_ms + 10)
         asyncio.run(run_script(_executor(stack), Script([wave]), EngineConfig(), timeline, realtime=False,
-                               judge=judge))
+                               judge=judge, endpointer_config=look))
         validate(timeline.to_dict())
         runs[name] = timeline.turns[0]
     fixed, model = runs["fixed"], runs["model"]

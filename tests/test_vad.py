@@ -272,7 +272,10 @@ def _scores(events):
 def test_a_complete_verdict_ends_the_turn_at_the_first_score():
     ep, judge = judged([0.93])
     ev = run(ep, signal(("s", 0.4), ("t", 1.0), ("s", 1.0)))
-    assert kinds(ev) == ["SpeechOnset", "SpeechStart", "Pause", "TurnScore", "Endpoint"]
+    # this detector holds no speech past the voice, so the first look (120 ms) comes before the
+    # preempt point (150 ms after the voice) and the turn ends with no Pause: the reply starts at
+    # the Endpoint.  With webrtcvad the 120 ms count from ~85 ms past the voice: Pause first.
+    assert kinds(ev) == ["SpeechOnset", "SpeechStart", "TurnScore", "Endpoint"]
     score, end = _scores(ev)[0], ev[-1][1]
     assert score.decision == "complete" and score.p_complete == 0.93 and score.cpu_ms == 1.5
     assert end.by == "model" and not end.forced
@@ -284,20 +287,30 @@ def test_a_complete_verdict_ends_the_turn_at_the_first_score():
     assert len(judge.submitted) == 1 and judge.submitted[0] >= 1.0  # the utterance so far, speech included
 
 
-def test_an_incomplete_verdict_waits_out_a_long_pause_and_rescored_pauses_can_end_it():
-    # "not finished" three times: the pause is waited out up to turn_max_wait_ms, rescored every 200 ms
-    ep, judge = judged([0.1, 0.1, 0.2, 0.1, 0.1, 0.1, 0.1])
+def test_an_incomplete_verdict_waits_out_a_long_pause_without_more_scores():
+    # "not finished": the pause is waited out up to turn_max_wait_ms and not scored again, so the
+    # "complete" the model would drift to as the silence grows never ends it (see the vad docstring)
+    ep, judge = judged([0.1, 0.95, 0.95, 0.95])
     ev = run(ep, signal(("s", 0.4), ("t", 1.0), ("s", 2.0)))
     end = ev[-1][1]
     assert type(end).__name__ == "Endpoint" and end.by == "silence"
     assert end.t_endpoint - end.t_speech_end == pytest.approx(1.5, abs=DT)
-    silences = [s.silence_ms for s in _scores(ev)]
-    assert silences[0] == pytest.approx(1000 * FIRST_SCORE_S, abs=40) and all(b - a >= 200 for a, b in zip(silences, silences[1:]))
-    assert all(s.decision == "incomplete" for s in _scores(ev))
-    # a later "complete" ends the pause where it is scored
-    ep, _ = judged([0.1, 0.95])
+    assert [s.decision for s in _scores(ev)] == ["incomplete"] and len(judge.submitted) == 1
+    assert _scores(ev)[0].silence_ms == pytest.approx(1000 * FIRST_SCORE_S, abs=40)
+    # speech resuming starts a new pause, which is scored afresh
+    ep, judge = judged([0.1, 0.95])
+    ev = run(ep, signal(("s", 0.4), ("t", 0.6), ("s", 0.4), ("t", 0.6), ("s", 1.0)))
+    end = ev[-1][1]
+    assert [s.decision for s in _scores(ev)] == ["incomplete", "complete"]
+    assert end.by == "model" and end.t_endpoint - end.t_speech_end == pytest.approx(FIRST_SCORE_S, abs=DT)
+
+
+def test_unsure_verdicts_are_scored_again_as_the_pause_grows():
+    # rescored every turn_rescore_ms; a later "complete" ends the pause where it is scored
+    ep, judge = judged([UNSURE, 0.95])
     ev = run(ep, signal(("s", 0.4), ("t", 1.0), ("s", 2.0)))
     end = ev[-1][1]
+    assert [s.decision for s in _scores(ev)] == ["unsure", "complete"]
     assert end.by == "model" and end.t_endpoint - end.t_speech_end == pytest.approx(FIRST_SCORE_S + 0.2, abs=DT)
 
 
@@ -309,20 +322,10 @@ def test_an_unsure_verdict_leaves_it_to_the_silence_rule():
     assert [s.decision for s in _scores(ev)] == ["unsure", "unsure"]
 
 
-def test_an_unsure_score_after_not_finished_keeps_waiting():
-    """The model drifts towards "complete" as a pause grows; once a pause was judged not finished,
-    a later unsure score does not hand it to the silence rule (long past its 400 ms)."""
-    ep, _ = judged([0.1, UNSURE, UNSURE, UNSURE, UNSURE, UNSURE, UNSURE])
-    ev = run(ep, signal(("s", 0.4), ("t", 1.0), ("s", 2.0)))
-    end = ev[-1][1]
-    assert end.by == "silence" and end.t_endpoint - end.t_speech_end == pytest.approx(1.5, abs=DT)
-    assert len(_scores(ev)) >= 3 and all(s.decision == "incomplete" for s in _scores(ev))
-
-
 def test_speech_after_a_pause_drops_its_verdict_and_a_slow_score_lands_when_ready():
     # the first pause's score is still running when the user goes on: it is never applied
     ep, judge = judged([0.99, 0.97], delay=2)
-    ev = run(ep, signal(("s", 0.4), ("t", 1.0), ("s", 0.2), ("t", 0.8), ("s", 1.0)))
+    ev = run(ep, signal(("s", 0.4), ("t", 1.0), ("s", round(FIRST_SCORE_S + DT, 3)), ("t", 0.8), ("s", 1.0)))
     scores = _scores(ev)
     assert len(judge.submitted) == 2 and len(scores) == 1  # the first verdict was dropped at the resume
     end = ev[-1][1]

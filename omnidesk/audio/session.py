@@ -88,7 +88,7 @@ class LiveSettings:
     def endpointer_config(self) -> EndpointerConfig:
         return EndpointerConfig(speech_start_ms=self.speech_start_ms, barge_in_start_ms=self.barge_in_confirm_ms,
                                 endpoint_silence_ms=self.endpoint_silence_ms, pre_roll_ms=self.pre_roll_ms,
-                                preempt_silence_ms=min(150.0, self.endpoint_silence_ms, self.turn_min_silence_ms),
+                                preempt_silence_ms=min(EndpointerConfig.preempt_silence_ms, self.endpoint_silence_ms),
                                 turn_complete=self.turn_complete, turn_incomplete=self.turn_incomplete,
                                 turn_min_silence_ms=self.turn_min_silence_ms,
                                 turn_max_wait_ms=max(self.turn_max_wait_ms, self.endpoint_silence_ms))

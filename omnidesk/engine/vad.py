@@ -24,9 +24,13 @@ model, :mod:`omnidesk.engine.turn_judge`) each pause is scored once it reaches
 grows; every verdict is a ``TurnScore`` event:
 
 * ``p_complete >= turn_complete``: the user is done, ``Endpoint`` now;
-* ``p_complete <= turn_incomplete``: a mid-sentence pause, wait up to
-  ``turn_max_wait_ms`` of silence (re-scoring meanwhile: only a "complete"
-  ends it sooner);
+* ``p_complete <= turn_incomplete``: a mid-sentence pause, wait out
+  ``turn_max_wait_ms`` of silence, with no more scores.  The model drifts
+  towards "complete" as a pause grows past what it was trained on: on the
+  recorded human turns (shared/data/turns-human) every pause whose "not
+  finished" was later overturned by a "complete" re-score was a cut-off
+  sentence (3 of 3, ended 0.5-1.1 s after the speech: cut-ins), and no finished
+  sentence was first judged "not finished";
 * in between: the fixed rule decides.
 
 Scores are computed by the judge on its own thread (never the audio thread,
@@ -220,7 +224,15 @@ class EndpointerConfig:
     # instead scored comma pauses inside sentences sooner and cut in on 6-9 of the 30 turns
     # mid-sentence instead of 3 (the model is as sure at a comma, 0.85-0.99, as at a full stop);
     # thresholds from 0.7 / 0.3 to 0.9 / 0.5 gave the same cut-ins there.
-    turn_min_silence_ms: float = 160.0  # pause length at which it is first scored
+    # The pause length at which it is first scored.  Smart Turn's score hardly moves as a pause
+    # grows: on the recorded human turns it moved by at most 0.1 between 80 and 400 ms of silence
+    # on 23 of the 29 final pauses, so waiting longer adds latency, not information.  What guards against
+    # word gaps is the pause length itself: 120 ms after the detector's last speech frame is about
+    # 200 ms after the voice (the detector holds ~85 ms), longer than the gaps between words of
+    # fluent speech.  Measured there (bench/turn_taking.py --set): 160 ms -> endpoint median 278 ms,
+    # 4 mid-sentence cut-ins; 120 ms -> 238 ms, 5 (one 120-160 ms comma pause).  At 80 ms gaps
+    # between words get scored too (two inside sentences there, one at 0.79).
+    turn_min_silence_ms: float = 120.0
     turn_rescore_ms: float = 200.0  # how much longer the pause grows before it is scored again
     turn_complete: float = 0.7  # p_complete at or above: the turn ends now
     turn_incomplete: float = 0.3  # p_complete at or below: wait up to turn_max_wait_ms
@@ -511,6 +523,8 @@ class Endpointer:
     def _judge_pause(self, events: list[EndpointerEvent], t_end: float) -> bool:
         """Score the pause when due and apply a verdict that is ready; True: the turn is complete."""
         judge, silence = self.judge, self._silence_samples
+        if self._verdict == "incomplete":
+            return False  # "not finished" holds for the rest of the pause: no more scores (see the docstring)
         if not judge.pending and silence >= self._turn_min_samples and (
                 self._scored_silence is None or silence - self._scored_silence >= self._turn_rescore_samples):
             self._scored_silence = silence
@@ -522,11 +536,6 @@ class Endpointer:
         p, cpu_ms = ready
         cfg = self.config
         verdict = "complete" if p >= cfg.turn_complete else "incomplete" if p <= cfg.turn_incomplete else "unsure"
-        if verdict == "unsure" and self._verdict == "incomplete":
-            # The pause was judged "not finished": a later unsure score does not hand it back to the
-            # silence rule, long past its 400 ms (the model drifts towards "complete" as silence grows:
-            # cut-off sentences were ended 1.1-1.5 s into their pause); only "complete" ends it early.
-            verdict = "incomplete"
         self._verdict = verdict
         events.append(TurnScore(t=t_end, t_speech_end=self._last_speech_end,
                                 silence_ms=self._scored_silence * 1000.0 / self.sample_rate, p_complete=p,
