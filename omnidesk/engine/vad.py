@@ -20,8 +20,8 @@ ends the turn.  A forced endpoint (``max_utterance_s``) comes without a Pause.
 End of turn.  Without a judge the turn ends after ``endpoint_silence_ms`` of
 silence (the fixed rule).  With a :class:`TurnJudge` (a semantic end-of-turn
 model, :mod:`omnidesk.engine.turn_judge`) each pause is scored once it reaches
-``turn_min_silence_ms``, and re-scored every ``turn_rescore_ms`` while it
-grows; every verdict is a ``TurnScore`` event:
+``turn_min_silence_ms``, and, while the verdict is "unsure", re-scored every
+``turn_rescore_ms`` as it grows; every verdict is a ``TurnScore`` event:
 
 * ``p_complete >= turn_complete``: the user is done, ``Endpoint`` now;
 * ``p_complete <= turn_incomplete``: a mid-sentence pause, wait out
