@@ -1,4 +1,5 @@
-"""BigVGAN vocoder: equality with transformers' Qwen2_5OmniToken2WavBigVGANModel, exact streaming.
+"""BigVGAN vocoder: equality with transformers' Qwen2_5OmniToken2WavBigVGANModel (bit for bit block by
+block, within fp32 rounding with the fused stages inference runs), exact streaming.
 
 All fp32 on the CPU except the dependency-tightness check, which uses fp64 gradients: the
 outermost frames of the receptive field contribute ~1e-127 of an output (a product of many
@@ -109,13 +110,57 @@ def test_matches_transformers(models, frames):
     mel = mel_like(frames, seed=frames)
     with torch.no_grad():
         expected = ref(mel[None])
-        got = ours(mel)
+        got = ours(mel)  # inference: each stage's blocks fused into one (bigvgan._FusedStage)
         got_batched = ours(mel[None])
+    with torch.enable_grad():
+        block_by_block = ours(mel)  # the reference's own path (gradients need it)
     assert got.shape == (frames * ours.hop_length,)
     assert expected.abs().max() > 0.1 and (expected.abs() < 1).float().mean() > 0.99  # not trivial, not clamped
-    # measured: 0.0 (bit-identical) for both lengths
+    # measured: 1.8e-7 / 1.2e-7 (the fused stages sum their convolutions in another order)
     assert (got - expected).abs().max().item() <= TOL
+    assert torch.equal(block_by_block, expected)  # same operations in the same order: bit-identical
     assert torch.equal(got, got_batched)
+
+
+def test_blocks_with_unequal_dilations_run_one_by_one():
+    """A config whose residual blocks differ in dilations cannot be fused: those stages run block by
+    block, still equal to transformers."""
+    import tiny
+    from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import Qwen2_5OmniToken2WavBigVGANModel
+
+    hf_cfg = tiny.build_config("a").token2wav_config.bigvgan_config
+    hf_cfg.resblock_dilation_sizes = [[1, 3, 5], [1, 2, 4], [1, 3, 5]]
+    torch.manual_seed(0)
+    ref = Qwen2_5OmniToken2WavBigVGANModel(hf_cfg).float().eval()
+    ours = BigVGAN(BigVGANConfig.from_dict(hf_cfg.to_dict())).eval()
+    ours.load_state_dict(ref.state_dict(), strict=True)
+    mel = mel_like(40, seed=5)
+    with torch.no_grad():
+        expected, got = ref(mel[None]), ours(mel)
+        assert all(stage is None for stage in ours._fused()[:-1])
+    assert (got - expected).abs().max().item() <= TOL
+
+
+def test_fused_stages_follow_the_parameters(models):
+    """The fused stages are derived from the parameters: written in place (a load) or converted
+    (``.double()``), the next forward uses the new values."""
+    _, ours = models
+    model = copy.deepcopy(ours)
+    mel = mel_like(30, seed=9)
+    with torch.no_grad():
+        before = model(mel)
+        model.resblocks[4].convs1[1].weight.mul_(1.5)
+        model.activation_post.act.alpha.add_(0.2)
+        after = model(mel)
+    with torch.enable_grad():
+        block_by_block = model(mel)
+    assert (after - before).abs().max().item() > 1e-3
+    assert (after - block_by_block).abs().max().item() <= TOL
+    model.double()
+    with torch.no_grad():
+        doubled = model(mel.double())
+    assert doubled.dtype == torch.float64
+    assert (doubled - block_by_block.double()).abs().max().item() <= TOL
 
 
 def test_streaming_chunks_equal_whole(models, whole150):
