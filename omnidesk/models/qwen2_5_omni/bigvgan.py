@@ -207,6 +207,12 @@ class SnakeBeta(nn.Module):
         return x + (1.0 / (beta + SNAKE_EPS)) * torch.pow(torch.sin(x * alpha), 2)
 
 
+def _replicate_pad(x: torch.Tensor, left: int, right: int) -> torch.Tensor:
+    """``F.pad(x, (left, right), mode="replicate")`` on the last dim, as one concatenation (the same
+    values; 3-5x faster on the CPU than the pad kernel for these shapes, called ~70 times per window)."""
+    return torch.cat([x[..., :1].expand(*x.shape[:-1], left), x, x[..., -1:].expand(*x.shape[:-1], right)], dim=-1)
+
+
 class _Resampler(nn.Module):
     """Holds the fixed low-pass filter (computed, non-persistent, fp32 on the CPU until moved)."""
 
@@ -240,7 +246,7 @@ class UpSample1d(_Resampler):
         self.crop_right = self.pad * ratio + (taps - ratio + 1) // 2
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = F.pad(x, (self.pad, self.pad), mode="replicate")
+        x = _replicate_pad(x, self.pad, self.pad)
         y = self.ratio * F.conv_transpose1d(x, self._filter_for(x), stride=self.ratio, groups=x.shape[1])
         return y[..., self.crop_left: y.shape[-1] - self.crop_right]
 
@@ -261,7 +267,7 @@ class DownSample1d(_Resampler):
         self.pad_right = taps // 2
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = F.pad(x, (self.pad_left, self.pad_right), mode="replicate")
+        x = _replicate_pad(x, self.pad_left, self.pad_right)
         return F.conv1d(x, self._filter_for(x), stride=self.ratio, groups=x.shape[1])
 
     def cone(self, c: _Cone) -> _Cone:
@@ -334,12 +340,12 @@ class _FusedActivation:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         up, down = self.up, self.down
-        y = F.conv_transpose1d(F.pad(x, (up.pad, up.pad), mode="replicate"), self.up_filter, stride=up.ratio,
+        y = F.conv_transpose1d(_replicate_pad(x, up.pad, up.pad), self.up_filter, stride=up.ratio,
                                groups=self.channels)
         y = y[..., up.crop_left: y.shape[-1] - up.crop_right]
         s = torch.sin(y * self.alpha)
         y = y + self.inv_beta * (s * s)
-        y = F.pad(y, (down.pad_left, down.pad_right), mode="replicate")
+        y = _replicate_pad(y, down.pad_left, down.pad_right)
         return F.conv1d(y, self.down_filter, stride=down.ratio, groups=self.channels)
 
 
