@@ -887,6 +887,24 @@ def summarise(rows: list[dict], raw: dict) -> dict:
 # ------------------------------------------------------------------ the bench
 
 
+def cpu_probe_ms(repeats: int = 7) -> float:
+    """How fast the machine is right now: the median time of a fixed single-threaded workload of many
+    small numpy calls (the kind of work the demo's pipeline is made of).  This VM's speed drifts by up
+    to 2x from one minute to the next (other tenants on the host): read each run's figures with its
+    probe, taken just before and after it."""
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal(1024).astype(np.float32), rng.standard_normal(1024).astype(np.float32)
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        x = a
+        for _ in range(1200):
+            x = np.tanh(x * 0.5 + b)
+            x = np.fft.irfft(np.fft.rfft(x), n=1024).astype(np.float32)
+        times.append((time.perf_counter() - t0) * 1000)
+    return round(statistics.median(times), 1)
+
+
 def start_load() -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-c", "while True: pass"], stdin=subprocess.DEVNULL,
                             start_new_session=True)
@@ -967,8 +985,10 @@ def run_bench(args) -> dict:
                     time.sleep(1.0)
                 for policy in policies:
                     tag = f"{policy}-{condition}"
+                    probe_before = cpu_probe_ms()
                     t0 = time.monotonic()
                     raw = run_live(harness, questions, policy, args.app, tmp, tag)
+                    probe_after = cpu_probe_ms()
                     t_an = time.monotonic()
                     rows, run_notes = analyse_live(raw, questions)
                     log(f"{tag}: analysed in {time.monotonic() - t_an:.1f} s")
@@ -1008,6 +1028,7 @@ def run_bench(args) -> dict:
                         "pulse_reported_max_abs": rnd(max(map(abs, rep)), 2) if rep else None}
                     run = {"policy": policy, "condition": condition, "app": args.app,
                            "wall_s": round(time.monotonic() - t0, 1), "app_startup_s": rnd(raw["startup_s"]),
+                           "cpu_probe_ms": {"before": probe_before, "after": probe_after},
                            "detector": next((t.get("end_of_turn", {}).get("detector")
                                              for t in (raw["timeline"] or {}).get("turns") or []
                                              if t.get("end_of_turn")), None),
@@ -1018,7 +1039,8 @@ def run_bench(args) -> dict:
                     s = summary
                     log(f"{tag}: acoustic v2v median {s['acoustic_v2v_ms']['median']} ms, app {s['app_v2v_ms']['median']} "
                         f"ms, app-acoustic {s['app_minus_acoustic_ms']['median']} ms, offline "
-                        f"{s['offline_v2v_ms']['median']} ms, missed {s['missed_turns']}")
+                        f"{s['offline_v2v_ms']['median']} ms, missed {s['missed_turns']}; cpu probe "
+                        f"{probe_before} / {probe_after} ms before / after")
             finally:
                 if load is not None:
                     stop_process(load, sig=signal.SIGKILL)
