@@ -13,7 +13,7 @@ import copy
 import pytest
 import torch
 
-from omnidesk.models.qwen2_5_omni.bigvgan import BigVGAN, BigVGANConfig
+from omnidesk.models.qwen2_5_omni.bigvgan import BigVGAN, BigVGANConfig, _FusedStage
 from omnidesk.models.checkpoint import ConfigError
 
 # Gain of the random conv weights (times 1/sqrt(fan_in)): transformers' own init makes the
@@ -102,6 +102,9 @@ def test_names_and_meta_build(models):
     assert torch.equal(up.filter, saved)
     # Context of the released model (1536 channels), derived from the config alone.
     assert meta.context_frames() == (34, 34)
+    # Inference fuses only its narrow stages (48 and 24 channels): the wide ones are bound by arithmetic.
+    stages = [list(meta.resblocks[i * 3:(i + 1) * 3]) for i in range(6)]
+    assert [_FusedStage.fits(blocks) for blocks in stages] == [False] * 4 + [True] * 2
 
 
 @pytest.mark.parametrize("frames", [37, 150])

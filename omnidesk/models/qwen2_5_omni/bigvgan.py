@@ -66,6 +66,9 @@ REF_DB = 20.0
 MAX_ABS = 1.0
 # Final waveform is clamped to the valid sample range.
 WAVE_LIMIT = 1.0
+# Widest upsampling stage whose residual blocks inference runs fused (see _FusedStage): all of the demo's,
+# the released model's last two (48 and 24 channels).
+FUSED_MAX_CHANNELS = 64
 
 
 # --- Config ------------------------------------------------------------------------------------
@@ -358,8 +361,10 @@ class _FusedStage:
     arithmetic (a stage of 32 channels x 240 samples costs what one of 1 x 11520 does); this makes 3x
     fewer of them (a 48-frame window: 72 -> 34 ms on one core) for 1.57x the convolutions'
     multiply-adds.  The result equals the block-by-block one up to fp32 rounding (~1e-7,
-    tests/test_bigvgan.py).  Needs the blocks to share their dilations (every published config does);
-    :meth:`BigVGAN._fused` falls back to the blocks otherwise."""
+    tests/test_bigvgan.py).  Only stages of at most :data:`FUSED_MAX_CHANNELS` channels whose blocks
+    share their dilations (every published config does) are fused: wider ones are bound by arithmetic,
+    and their padded weight copy would cost memory (the released model's first stage has 768 channels:
+    ~470 MB); :meth:`BigVGAN._fused` leaves those to the blocks."""
 
     def __init__(self, blocks: list[AMPBlock]):
         self.n = len(blocks)
@@ -376,7 +381,8 @@ class _FusedStage:
     @staticmethod
     def fits(blocks: list[AMPBlock]) -> bool:
         dilations = {tuple(c.dilation[0] for c in b.convs1) for b in blocks}
-        return len(dilations) == 1 and all(c.dilation[0] == 1 for b in blocks for c in b.convs2)
+        return (blocks[0].convs1[0].in_channels <= FUSED_MAX_CHANNELS and len(dilations) == 1
+                and all(c.dilation[0] == 1 for b in blocks for c in b.convs2))
 
     def _weight(self, convs: list[nn.Conv1d]) -> tuple[torch.Tensor, torch.Tensor]:
         def centred(w):
