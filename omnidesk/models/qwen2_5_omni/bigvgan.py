@@ -459,13 +459,14 @@ class BigVGAN(nn.Module):
                 x = fused[i](x)
             else:
                 blocks = self.resblocks[i * self.num_kernels:(i + 1) * self.num_kernels]
+                # Same summation order as the reference (Python sum from 0) so fp32 rounding matches.
                 x = sum(block(x) for block in blocks) / self.num_kernels
         x = self.conv_post(fused[-1](x) if fused is not None else self.activation_post(x))
         return torch.clamp(x, -WAVE_LIMIT, WAVE_LIMIT)[0, 0]
 
     def _fused(self) -> list:
-        """Per stage its :class:`_FusedStage` (None where the blocks differ in dilations), then the final
-        activation.  Built from the parameters when first needed, and again after any of them was
+        """Per stage its :class:`_FusedStage` (None where :meth:`_FusedStage.fits` says no: the stage runs
+        block by block), then the final activation.  Built from the parameters when first needed, and again after any of them was
         written in place (loading) or converted (``.to()``: see :meth:`_apply`)."""
         plan = self.__dict__.get("_fused_plan")
         if plan is None or plan[0] != [(t.data_ptr(), t._version) for t in plan[1]]:
