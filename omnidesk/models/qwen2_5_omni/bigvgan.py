@@ -403,6 +403,12 @@ class _FusedStage:
         return out / n
 
 
+def _written(t: torch.Tensor) -> tuple[int, int]:
+    """Where a tensor's values live and how often they were written in place.  A tensor made under
+    ``torch.inference_mode`` (a model loaded there) keeps no write count: only its storage counts."""
+    return t.data_ptr(), -1 if t.is_inference() else t._version
+
+
 # --- The vocoder --------------------------------------------------------------------------------
 
 class BigVGAN(nn.Module):
@@ -469,7 +475,7 @@ class BigVGAN(nn.Module):
         block by block), then the final activation.  Built from the parameters when first needed, and again after any of them was
         written in place (loading) or converted (``.to()``: see :meth:`_apply`)."""
         plan = self.__dict__.get("_fused_plan")
-        if plan is None or plan[0] != [(t.data_ptr(), t._version) for t in plan[1]]:
+        if plan is None or plan[0] != [_written(t) for t in plan[1]]:
             sources = [*self.parameters(), *self.buffers()]
             with torch.no_grad():
                 stages = []
@@ -477,7 +483,7 @@ class BigVGAN(nn.Module):
                     blocks = list(self.resblocks[i * self.num_kernels:(i + 1) * self.num_kernels])
                     stages.append(_FusedStage(blocks) if _FusedStage.fits(blocks) else None)
                 stages.append(_FusedActivation([self.activation_post]))
-            plan = self.__dict__["_fused_plan"] = ([(t.data_ptr(), t._version) for t in sources], sources, stages)
+            plan = self.__dict__["_fused_plan"] = ([_written(t) for t in sources], sources, stages)
         return plan[2]
 
     def _apply(self, fn, *args, **kwargs):
