@@ -145,8 +145,9 @@ def test_blocks_with_unequal_dilations_run_one_by_one():
 
 
 def test_fused_stages_follow_the_parameters(models):
-    """The fused stages are derived from the parameters: written in place (a load) or converted
-    (``.double()``), the next forward uses the new values."""
+    """The fused stages are derived from the parameters: written in place (a load), replaced by
+    inference tensors (a load under inference_mode) or converted (``.double()``), the next forward
+    uses the new values."""
     _, ours = models
     model = copy.deepcopy(ours)
     mel = mel_like(30, seed=9)
