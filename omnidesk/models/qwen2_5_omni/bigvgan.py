@@ -381,8 +381,8 @@ class _FusedStage:
     @staticmethod
     def fits(blocks: list[AMPBlock]) -> bool:
         dilations = {tuple(c.dilation[0] for c in b.convs1) for b in blocks}
-        return (blocks[0].convs1[0].in_channels <= FUSED_MAX_CHANNELS and len(dilations) == 1
-                and all(c.dilation[0] == 1 for b in blocks for c in b.convs2))
+        # (convs2 are undilated by construction: AMPBlock)
+        return blocks[0].convs1[0].in_channels <= FUSED_MAX_CHANNELS and len(dilations) == 1
 
     def _weight(self, convs: list[nn.Conv1d]) -> tuple[torch.Tensor, torch.Tensor]:
         def centred(w):
