@@ -14,6 +14,7 @@ import pytest
 import soundfile as sf
 
 from omnidesk.engine.engine import Engine, EngineConfig, TurnState
+from omnidesk.engine.reply_pipeline import ReplyRun
 from omnidesk.models.qwen2_5_omni.executor import QwenOmniExecutor
 from omnidesk.engine.speaker import VirtualSpeaker
 from omnidesk.engine.talk import Script, ScriptedEndpointer, run_script
@@ -102,6 +103,66 @@ def test_preemptive_start_discarded_when_the_user_goes_on(stack, speech_like):
     assert t1.turns[0].prompt_token_ids == t2.turns[0].prompt_token_ids
     assert t1.turns[0].text_token_ids == t2.turns[0].text_token_ids
     assert t1.turns[0].codec_token_ids == t2.turns[0].codec_token_ids
+
+
+def test_reply_steps_run_in_bursts_that_keep_the_thinker_lead_and_book_every_token(stack, speech_like):
+    """The worker runs steps in bursts (reply_pipeline's module docstring): the thinker still leads
+    the talker by at most ``thinker_lead`` tokens after every step, every token made reaches the
+    turn, and a burst that made audio ended there."""
+    ex = _executor(stack, max_reply_tokens=30, max_codec_tokens=80)
+    lead, ahead, bursts = [0], [], []
+    thinker_step, talker_step, burst = ex.thinker_step, ex.talker_step, Engine._pipeline_burst
+
+    def spy_thinker():
+        token = thinker_step()
+        lead[0] += token is not None
+        ahead.append(lead[0])
+        return token
+
+    def spy_talker():
+        token = talker_step()
+        lead[0] -= token is not None
+        return token
+
+    def spy_burst(self, reply, text_ahead):
+        assert text_ahead == lead[0]  # the loop's count agrees with what the steps made
+        out = burst(self, reply, text_ahead)
+        bursts.append(out)
+        return out
+
+    ex.thinker_step, ex.talker_step = spy_thinker, spy_talker
+    Engine._pipeline_burst = spy_burst
+    try:
+        timeline = Timeline(model={}, device="cpu")
+        engine, _ = asyncio.run(run_script(ex, Script([_wave(speech_like, 1.0, 5)]), EngineConfig(thinker_lead=3),
+                                           timeline, realtime=False))
+    finally:
+        Engine._pipeline_burst = burst
+    turn = timeline.turns[0]
+    assert max(ahead) <= 3 and len(turn.text_token_ids) > 3  # the lead was reached and held
+    assert turn.text_token_ids == [t for b in bursts for t in b.text_tokens]
+    assert turn.codec_token_ids == [t for b in bursts for t in b.codec_tokens]
+    assert engine.stats.steps == sum(b.steps for b in bursts) > len(bursts)  # several steps per hand-off
+    assert sum(c.size for b in bursts for c in b.audio) == round(turn.reply_audio_s * ex.sample_rate_out)
+    assert turn.events["first_text_token"] <= turn.events["first_codec_token"] <= turn.events["first_audio_chunk"]
+
+
+def test_a_stopped_reply_ends_its_burst_after_one_step(stack):
+    async def main():
+        ex = _executor(stack)
+        engine = Engine(ex, ScriptedEndpointer(), VirtualSpeaker(24000))
+        ex.begin_user_turn()
+        ex.add_user_audio(np.zeros(16000, np.float32))
+        ex.end_user_turn()
+        ex.start_reply(None, 0)
+        engine._turn = engine.timeline.new_turn()
+        reply = ReplyRun(turn=engine._turn, held=True)
+        reply.cancel()
+        out = engine._pipeline_burst(reply, 0)
+        engine.close()
+        return out
+
+    assert asyncio.run(main()).steps == 1
 
 
 def test_200_random_interruptions(stack, speech_like):

@@ -118,7 +118,7 @@ class Engine(ReplyPipeline):
         so nothing is left to touch the worker after :meth:`close`."""
         reply, self._reply = self._reply, None
         if reply is not None and reply.task is not None and not reply.task.done():
-            reply.task.cancel()
+            reply.cancel()
             try:
                 await reply.task
             except asyncio.CancelledError:
@@ -237,8 +237,7 @@ class Engine(ReplyPipeline):
     async def _discard_preemptive(self) -> None:
         reply = self._reply
         self._reply = None
-        if reply.task is not None:
-            reply.task.cancel()
+        reply.cancel()
         # the executor is back at the mark, which was taken right after feeding self._fed samples;
         # what came since (the pause) is fed below
         await self._work(self.ex.rollback, reply.mark, at="thinker")
@@ -261,8 +260,8 @@ class Engine(ReplyPipeline):
         if reply is not None:
             self._reply = None
             heard = self._heard(reply)
-            if reply.task is not None and reply.task is not asyncio.current_task():
-                reply.task.cancel()
+            if reply.task is not asyncio.current_task():
+                reply.cancel()
             if reply.on_speaker:
                 try:
                     self.speaker.flush()
@@ -321,8 +320,7 @@ class Engine(ReplyPipeline):
         if reply.on_speaker:
             self.speaker.flush()
         stopped = self.now
-        if reply.task is not None:
-            reply.task.cancel()
+        reply.cancel()
         turn = reply.turn
         turn.played_audio_s = heard / self.ex.sample_rate_out
         turn.reply_audio_s = reply.produced_samples / self.ex.sample_rate_out
