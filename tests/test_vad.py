@@ -237,7 +237,7 @@ class ScriptedJudge:
 
     @property
     def pending(self):
-        return self._due is not None and self._due[0] > 0
+        return self._due is not None
 
     def submit(self, audio):
         self.submitted.append(audio.size / SR)
@@ -339,6 +339,31 @@ def test_turn_thresholds_are_checked():
         EndpointerConfig(turn_complete=0.2, turn_incomplete=0.5)
     with pytest.raises(ValueError, match="turn_max_wait_ms"):
         EndpointerConfig(turn_max_wait_ms=300)
+
+
+def test_a_verdict_still_computing_at_the_silence_rule_holds_the_endpoint():
+    """On a busy machine a score can take longer than the rest of the 400 ms: the silence rule then
+    waits for the verdict instead of ending the turn under it (live_latency.py, auto under load: a
+    "not finished" arriving late let the rule cut in mid-question), up to turn_max_wait_ms."""
+    late = round((0.4 - FIRST_SCORE_S) / DT) + 3  # polls: the verdict lands 3 frames past the rule
+    # "not finished", late: the pause is waited out as if it had come at once
+    ep, _ = judged([0.1], delay=late)
+    ev = run(ep, signal(("s", 0.4), ("t", 1.0), ("s", 2.0)))
+    end = ev[-1][1]
+    assert [s.decision for s in _scores(ev)] == ["incomplete"]
+    assert end.by == "silence" and end.t_endpoint - end.t_speech_end == pytest.approx(1.5, abs=DT)
+    # "finished", late: the turn ends where it lands, not before
+    ep, _ = judged([0.95], delay=late)
+    ev = run(ep, signal(("s", 0.4), ("t", 1.0), ("s", 1.0)))
+    end, score = ev[-1][1], _scores(ev)[0]
+    assert end.by == "model" and score.t == end.t_endpoint
+    assert end.t_endpoint - end.t_speech_end == pytest.approx(0.4 + 3 * DT, abs=DT)
+    # a score that never lands: the rule ends the turn at turn_max_wait_ms
+    ep, _ = judged([0.95], delay=10_000)
+    ev = run(ep, signal(("s", 0.4), ("t", 1.0), ("s", 2.0)))
+    end = ev[-1][1]
+    assert _scores(ev) == [] and end.by == "silence"
+    assert end.t_endpoint - end.t_speech_end == pytest.approx(1.5, abs=DT)
 
 
 def test_speech_end_is_where_the_voice_stopped_not_where_the_detector_let_go():

@@ -48,7 +48,9 @@ class SmartTurnJudge:
 
     @property
     def pending(self) -> bool:
-        return self._future is not None and not self._future.done()
+        # until poll hands the verdict out: a score that finishes between a poll and this check
+        # still holds the silence rule (Endpointer) for the frame that takes it
+        return self._future is not None or self._ready is not None
 
     def submit(self, audio: np.ndarray) -> None:
         self._ready = None

@@ -33,6 +33,14 @@ model, :mod:`omnidesk.engine.turn_judge`) each pause is scored once it reaches
   sentence was first judged "not finished";
 * in between: the fixed rule decides.
 
+A score still being computed when the fixed rule's silence is reached holds the
+endpoint until its verdict lands (at most ``turn_max_wait_ms``).  A score takes
+~50 ms of CPU, several times that on a busy machine, and ending the turn under
+it let the rule answer where the model, a few frames later, said "not
+finished" (bench/live_latency.py, one core busy: the two questions the model
+waits out when idle, and in ``talk --fast``, which scores inline, were answered
+by the rule, one of them mid-question).
+
 Scores are computed by the judge on its own thread (never the audio thread,
 never the model's worker); a verdict lands on the first frame after it is
 ready.  Speech resuming drops any verdict of the pause.
@@ -173,7 +181,8 @@ class TurnJudge(Protocol):
     window_s: float  # how much of the utterance's end it looks at
 
     @property
-    def pending(self) -> bool: ...
+    def pending(self) -> bool:
+        """A submission whose verdict ``poll`` has not handed out yet (computing, or just ready)."""
 
     def submit(self, audio: np.ndarray) -> None: ...
 
@@ -495,7 +504,9 @@ class Endpointer:
                 events.append(Endpoint(t_end, self._last_speech_end, by="model"))
                 self.state = ENDED
                 return events
-            wait = self._turn_max_samples if self._verdict == "incomplete" else self._endpoint_samples
+            # a verdict in flight holds the fixed rule (see the module docstring)
+            held = self._verdict == "incomplete" or (self.judge is not None and self.judge.pending)
+            wait = self._turn_max_samples if held else self._endpoint_samples
             if self._silence_samples >= wait:
                 events.append(Endpoint(t_end, self._last_speech_end))
                 self.state = ENDED
