@@ -65,7 +65,15 @@ def test_velocity_matches_reference_forward(models):
                   time_step=torch.tensor(0.3), apply_cfg=True)
         cond, uncond = out.chunk(2, dim=0)
         expected = (cond + (cond - uncond) * guidance)[0]
-        got = ours.velocity(x, 0.3, code, spk, ours.speaker_features(ref_mel), guidance)
+        feats = ours.speaker_features(ref_mel)
+        got = ours.velocity(x, 0.3, code, spk, feats, guidance)
+        # what a solve evaluates (the codes' and voice's tensors made once, velocity_fn) is the
+        # batched forward that makes everything at every evaluation, to the bit
+        f = ours.velocity_fn(code, spk, feats, guidance)
+        for t in (0.3, 0.8):
+            out = ours(torch.stack([x, x]), torch.tensor([t, t]), torch.stack([code, torch.zeros_like(code)]),
+                       torch.stack([spk, torch.zeros_like(spk)]), torch.stack(feats))
+            assert torch.equal(f(t, x), out[0] + (out[0] - out[1]) * guidance)
     # Measured 0.0 (bit-identical; fp32, CPU, torch 2.13), velocity magnitude ~1.
     assert got.shape == expected.shape
     assert (got - expected).abs().max().item() <= 1e-5
