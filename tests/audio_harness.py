@@ -39,6 +39,12 @@ SPEAKER = "omnidesk_speaker"
 MIC = "omnidesk_mic"
 APT_PACKAGES = ("pulseaudio", "pulseaudio-utils", "libasound2-plugins")
 _TOOLS = ("pulseaudio", "pactl", "pacat", "parec")
+# pacat's buffer when it plays a question.  With 50 ms it had to run every ~25 ms: with one core
+# busy and the app decoding on the other it sometimes did not, and the server played a gap into
+# the question (bench/live_latency.py: the comma pause of "..., please?" grew past the 400 ms
+# rule, and the recording no longer matched the question).  With a second queued at the server a
+# stall of under a second changes nothing.
+PLAYER_LATENCY_MS = 1000
 
 
 def _missing_tools() -> list[str]:
@@ -196,7 +202,8 @@ class PulseHarness:
         if timeout is None:
             timeout = 10.0 + len(samples) / rate * 2
         subprocess.run(["pacat", "--playback", f"--server={self.server}", f"--device={MIC}", "--raw",
-                        "--format=float32le", f"--rate={rate}", "--channels=1", "--latency-msec=50"],
+                        "--format=float32le", f"--rate={rate}", "--channels=1",
+                        f"--latency-msec={PLAYER_LATENCY_MS}"],
                        input=data, env=self._env(), capture_output=True, timeout=timeout, check=True)
 
     def record_speaker(self, seconds: float, rate: int = 16000,
