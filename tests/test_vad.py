@@ -344,7 +344,7 @@ def test_turn_thresholds_are_checked():
 def test_a_verdict_still_computing_at_the_silence_rule_holds_the_endpoint():
     """On a busy machine a score can take longer than the rest of the 400 ms: the silence rule then
     waits for the verdict instead of ending the turn under it (live_latency.py, auto under load: a
-    "not finished" arriving late let the rule cut in mid-question), up to turn_max_wait_ms."""
+    "not finished" arriving late let the rule answer ~1 s early), up to turn_max_wait_ms."""
     late = round((0.4 - FIRST_SCORE_S) / DT) + 3  # polls: the verdict lands 3 frames past the rule
     # "not finished", late: the pause is waited out as if it had come at once
     ep, _ = judged([0.1], delay=late)

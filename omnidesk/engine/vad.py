@@ -38,8 +38,8 @@ endpoint until its verdict lands (at most ``turn_max_wait_ms``).  A score takes
 ~50 ms of CPU, several times that on a busy machine, and ending the turn under
 it let the rule answer where the model, a few frames later, said "not
 finished" (bench/live_latency.py, one core busy: the two questions the model
-waits out when idle, and in ``talk --fast``, which scores inline, were answered
-by the rule, one of them mid-question).
+waits out when idle, and in ``talk --fast``, which scores inline, were
+answered by the rule ~500 ms after they ended).
 
 Scores are computed by the judge on its own thread (never the audio thread,
 never the model's worker); a verdict lands on the first frame after it is

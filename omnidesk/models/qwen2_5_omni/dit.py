@@ -545,9 +545,7 @@ class DiT(nn.Module):
         masks = self.block_masks(n, code.device)
 
         def f(t: float | torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-            if x.shape[0] != n:
-                raise ValueError(f"{x.shape[0]} frames need {x.shape[0] / self.cfg.repeats:g} codes "
-                                 f"({self.cfg.repeats} frames each), got {code.shape[0]}")
+            self._check_codes(codes, x.shape[0])
             t = torch.as_tensor(t, dtype=torch.float32, device=x.device).reshape(())
             xb = torch.cat([x[None], x[None]]) if guided else x[None]
             out = self._evaluate(xb, t.expand(batch), code_embed, spk, feats, cos, sin, masks)
