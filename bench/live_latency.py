@@ -697,27 +697,27 @@ def analyse_live(raw: dict, questions: list[Question]) -> tuple[list[dict], list
                "combine_skew_ms": p.get("combine_skew_ms")}
         hops, values = turn_hops(turn) if turn else ({}, {})
         row["app_v2v_ms"] = app_v2v(turn)
-        if at is None or score < 0.5:
-            row["problem"] = "question not found in the recording"
+
+        def unmeasured(problem: str) -> None:
+            row["problem"] = problem
             row.update(acoustic_v2v_ms=None, app_minus_acoustic_ms=None, hops_ms=hops, extras=values)
             rows.append(row)
+
+        if at is None or score < 0.5:
+            unmeasured("question not found in the recording")
             continue
         end, shift, end_score = refine_end(x, q, at)
         row["end_refine_ms"] = round(1000 * shift / REC_RATE, 2)
         row["end_match_score"] = round(end_score, 3)
         nxt = next((a for a, s in located[k + 1:] if a is not None and s >= 0.5), x.size)
         res, left = subtract_question(x, q.clip, at)
-        onset = reply_onset(res, at, nxt)
         row["question_left_db"] = round(10 * math.log10(max(left, 1e-12)), 1)
         if row["question_left_db"] > QUESTION_LEFT_MAX_DB:
-            row["problem"] = GAPPED
-            row.update(acoustic_v2v_ms=None, app_minus_acoustic_ms=None, hops_ms=hops, extras=values)
-            rows.append(row)
+            unmeasured(GAPPED)
             continue
+        onset = reply_onset(res, at, nxt)
         if onset is None:
-            row["problem"] = "no reply heard"
-            row.update(acoustic_v2v_ms=None, app_minus_acoustic_ms=None, hops_ms=hops, extras=values)
-            rows.append(row)
+            unmeasured("no reply heard")
             continue
         played = (turn or {}).get("played_audio_s") or 8.0
         stop, silent_blocks, silent_runs = reply_extent(x, onset, min(nxt, onset + int((played + 2) * REC_RATE)))

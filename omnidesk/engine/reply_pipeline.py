@@ -15,7 +15,8 @@ Hand-offs.  The steps run on the engine's worker thread in bursts: one hand-off 
 one makes audio, makes no progress, ends the reply, or has run ``BURST_S``, and the loop then books
 what they made.  A hand-off per step cost a wake-up of the worker and one of the loop per token, and
 loop work on the interpreter lock between tokens: on the CPU demo, through the sound devices, the
-25 hand-offs before the first audio chunk took 4-24 ms of waiting, for ~35 ms of steps.  Stopping a reply sets its ``stop`` flag, so a burst ends after the step it is in.
+25 hand-offs before the first audio chunk took 4-24 ms of waiting, for ~35 ms of steps.  Stopping a
+reply sets its ``stop`` flag, so a burst ends after the step it is in.
 
 Pacing towards the speaker: a reply's chunks wait while it is held (PREEMPTING), and its first
 chunk waits the adaptive playout delay (a jitter buffer: after the first seconds of playback the

@@ -471,9 +471,10 @@ class BigVGAN(nn.Module):
         return torch.clamp(x, -WAVE_LIMIT, WAVE_LIMIT)[0, 0]
 
     def _fused(self) -> list:
-        """Per stage its :class:`_FusedStage` (None where :meth:`_FusedStage.fits` says no: the stage runs
-        block by block), then the final activation.  Built from the parameters when first needed, and again after any of them was
-        written in place (loading) or converted (``.to()``: see :meth:`_apply`)."""
+        """Per stage its :class:`_FusedStage` (None where :meth:`_FusedStage.fits` says no: the stage
+        runs block by block), then the final activation.  Built from the parameters when first
+        needed, and again after any of them was written in place (loading) or converted (``.to()``:
+        see :meth:`_apply`)."""
         plan = self.__dict__.get("_fused_plan")
         if plan is None or plan[0] != [_written(t) for t in plan[1]]:
             sources = [*self.parameters(), *self.buffers()]

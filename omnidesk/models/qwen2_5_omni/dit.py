@@ -535,7 +535,8 @@ class DiT(nn.Module):
         cond_feat, uncond_feat = speaker_feats
         guided = guidance_scale >= MIN_GUIDANCE_SCALE
         if guided:
-            codes, spk = torch.stack([code, torch.zeros_like(code)]), torch.stack([spk_cond, torch.zeros_like(spk_cond)])
+            codes = torch.stack([code, torch.zeros_like(code)])
+            spk = torch.stack([spk_cond, torch.zeros_like(spk_cond)])
             feats = torch.stack([cond_feat, uncond_feat])
         else:
             codes, spk, feats = code[None], spk_cond[None], cond_feat[None]
