@@ -225,3 +225,48 @@ def test_context_is_sufficient_and_tight(models):
     double(x)[sl].sum().backward()
     reach = (x.grad.abs().amax(0) > 0).nonzero().flatten()
     assert (reach.min().item(), reach.max().item()) == (a - L, b + R - 1)
+
+
+class _Ready:
+    """A decode-runner step stand-in that is ready and runs its function as written (eager)."""
+
+    def __init__(self, fn):
+        self.fn, self.ready, self.calls = fn, True, 0
+
+    def __call__(self, *args):
+        self.calls += 1
+        return self.fn(*args)
+
+
+def test_snake_resample_is_the_anti_aliased_activation(models):
+    """SnakeResample (the compiled activation's function) computes what the fused activation's
+    convolutions do, for every width and length a window has, down to one sample at the edges."""
+    _, ours = models
+    fused = ours._fused()
+    snake = ours.snake_resample()
+    g = torch.Generator().manual_seed(7)
+    for act in [stage.steps[0][0] for stage in fused[:-1]] + [fused[-1]]:
+        for length in (1, 2, 5, 37, 240):
+            x = torch.randn(1, act.channels, length, generator=g) * 0.5
+            with torch.no_grad():
+                expected = act(x)
+                got = snake(x, act.alpha, act.inv_beta)
+            assert got.shape == expected.shape
+            # measured: <= 7e-7 (the same products summed in another order)
+            assert (got - expected).abs().max().item() <= 1e-5 * max(1.0, expected.abs().max().item())
+
+
+def test_a_ready_activation_step_runs_instead_of_the_convolutions(models, whole150):
+    """Given a ready step, the fused stages' activations of more than one channel go through it, and
+    the vocoder's samples stay those of the convolutions (streaming windows included)."""
+    _, ours = models
+    mel, whole = whole150
+    step = _Ready(ours.snake_resample())
+    with torch.no_grad():
+        got = ours(mel, step)
+        window = ours.forward_window(mel[:, 40:100], 20, 12, step)
+        plain = ours.forward_window(mel[:, 40:100], 20, 12)
+    widths = [stage.steps[0][0].channels for stage in ours._fused()[:-1] if stage is not None]
+    assert step.calls == 2 * (6 * sum(1 for w in widths if w > 1) + (ours._fused()[-1].channels > 1))
+    assert (got - whole).abs().max().item() <= TOL
+    assert (window - plain).abs().max().item() <= TOL

@@ -188,6 +188,11 @@ class Step:
             log.warning("decode step %s stays eager: compile failed: %s", self.name, self.stats.error,
                         exc_info=True)
 
+    @property
+    def ready(self) -> bool:
+        """Compiled and in use (compile mode only)."""
+        return self._ready
+
     # ---------------------------------------------------------------- call
     def __call__(self, *args):
         mode = self.runner.mode
@@ -310,7 +315,7 @@ class DecodeRunner:
     def ready(self) -> bool:
         """Whether every step runs in the runner's mode now (eager is always ready)."""
         if self.mode == "compile":  # a step without an example stays eager by design: nothing to wait for
-            return all(s._ready or s.stats.error or s.example is None for s in self.steps.values())
+            return all(s.ready or s.stats.error or s.example is None for s in self.steps.values())
         return True
 
     # ---------------------------------------------------------------- report
@@ -321,7 +326,7 @@ class DecodeRunner:
         failed = [s.name for s in self.steps.values() if s.stats.error]
         if self.mode == "compile":
             compiled = [s for s in self.steps.values() if s.example is not None]
-            done = sum(s._ready for s in compiled)
+            done = sum(s.ready for s in compiled)
             state = (f"ready in {self.warmup_s:.1f} s" if self.warmup_s is not None and self.ready
                      else f"compiling ({done}/{len(compiled)} steps ready, eager meanwhile)")
         else:

@@ -327,10 +327,51 @@ class AMPBlock(nn.Module):
 
 # --- One stage's residual blocks as one (the inference path) --------------------------------------
 
+class SnakeResample:
+    """The anti-aliased activation (upsample, snake, downsample) as sums of shifted slices, for
+    ``torch.compile``: inductor makes it one loop over the samples, where the convolutions of
+    :class:`_FusedActivation` are three passes and two oneDNN depthwise calls that cost 100-850 us
+    each at the demo's sizes (few channels, long rows).  Measured on one core, a 48-frame window of
+    the demo's BigVGAN: 32 -> 24 ms; a steady 118-frame one: 65 -> 46 ms.  Eager it is slower than the
+    convolutions (24 small ops): it is only run compiled (the decode runner's ``vocoder_activation``
+    step, passed to :meth:`BigVGAN.forward`).
+
+    The same arithmetic as the convolutions in another summation order: equal to ~1e-6.  Output
+    sample ``ratio * n + p`` of the upsampler is the sum over the taps ``k`` of its phase ``p`` of
+    ``ratio * f[k] * x[n + offset(k, p)]``, the input replicated past its edges (as the upsampler's
+    padding does); the downsampler's sample ``n`` is the sum of ``g[k] * y[ratio * n + k - pad_left]``.
+    The taps are constants of the architecture (computed filters, not checkpoint tensors)."""
+
+    def __init__(self, up: "UpSample1d", down: "DownSample1d"):
+        r, f = up.ratio, up.filter.reshape(-1).tolist()
+        # phase p, tap k: x index n + (p + crop_left - k) / ratio - pad (where that is whole)
+        self.phases = [[(r * f[k], (p + up.crop_left - k) // r - up.pad)
+                        for k in range(up.taps) if (p + up.crop_left - k) % r == 0] for p in range(r)]
+        offsets = [d for phase in self.phases for _, d in phase]
+        self.up_left, self.up_right = -min(offsets), max(offsets)
+        self.ratio = r
+        self.down = [(g, k) for k, g in enumerate(down.filter.reshape(-1).tolist())]
+        self.down_left, self.down_right, self.down_ratio = down.pad_left, down.pad_right, down.ratio
+
+    def __call__(self, x: torch.Tensor, alpha: torch.Tensor, inv_beta: torch.Tensor) -> torch.Tensor:
+        """``x [B, C, L]``, ``alpha`` = e^alpha and ``inv_beta`` = 1 / (e^beta + eps) as ``[1, C, 1]``."""
+        n = x.shape[-1]
+        xe = _replicate_pad(x, self.up_left, self.up_right)
+        phases = [sum(c * xe[..., self.up_left + d: self.up_left + d + n] for c, d in phase) for phase in self.phases]
+        y = torch.stack(phases, dim=-1).reshape(x.shape[0], x.shape[1], self.ratio * n)
+        s = torch.sin(y * alpha)
+        y = y + inv_beta * (s * s)
+        ye = _replicate_pad(y, self.down_left, self.down_right)
+        m, r = self.ratio * n, self.down_ratio
+        return sum(g * ye[..., k: k + m - r + 1: r] for g, k in self.down)
+
+
 class _FusedActivation:
     """Anti-aliased activations of several channel groups run as one, with what they derive from their
     parameters computed once: snake's ``e^alpha`` and ``1 / (e^beta + eps)``, and the resampling
-    filters expanded per channel (the upsampler's gain of 2 folded into its filter: exact)."""
+    filters expanded per channel (the upsampler's gain of 2 folded into its filter: exact).  With a
+    compiled :class:`SnakeResample` (``step``, ready) that runs instead of the convolutions, on
+    fp32 CPU rows of more than one channel (a dimension of 1 would need a graph of its own)."""
 
     def __init__(self, acts: list[AntiAliasedActivation1d]):
         self.up, self.down = acts[0].upsample, acts[0].downsample
@@ -341,7 +382,9 @@ class _FusedActivation:
         self.up_filter = (self.up.ratio * self.up.filter.to(alpha.dtype)).expand(self.channels, -1, -1).contiguous()
         self.down_filter = self.down.filter.to(alpha.dtype).expand(self.channels, -1, -1).contiguous()
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, step=None) -> torch.Tensor:
+        if step is not None and step.ready and x.shape[1] > 1 and x.dtype == torch.float32 and not x.is_cuda:
+            return step(x, self.alpha, self.inv_beta)
         up, down = self.up, self.down
         y = F.conv_transpose1d(_replicate_pad(x, up.pad, up.pad), self.up_filter, stride=up.ratio,
                                groups=self.channels)
@@ -391,12 +434,12 @@ class _FusedStage:
 
         return torch.cat([centred(c.weight) for c in convs]), torch.cat([c.bias for c in convs])
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, step=None) -> torch.Tensor:
         k, n, c = self.kernel, self.n, self.channels
         xs = x.repeat(1, n, 1)
         for act1, (w1, b1), dilation, act2, (w2, b2) in self.steps:
-            h = F.conv1d(act1(xs), w1, b1, padding=dilation * (k - 1) // 2, dilation=dilation, groups=n)
-            xs = xs + F.conv1d(act2(h), w2, b2, padding=(k - 1) // 2, groups=n)
+            h = F.conv1d(act1(xs, step), w1, b1, padding=dilation * (k - 1) // 2, dilation=dilation, groups=n)
+            xs = xs + F.conv1d(act2(h, step), w2, b2, padding=(k - 1) // 2, groups=n)
         out = xs[:, :c]  # the blocks' sum in the reference's order, then the mean
         for j in range(1, n):
             out = out + xs[:, j * c:(j + 1) * c]
@@ -452,22 +495,24 @@ class BigVGAN(nn.Module):
         return mel
 
     # -- whole sequence -----------------------------------------------------------------------
-    def forward(self, mel: torch.Tensor) -> torch.Tensor:
+    def forward(self, mel: torch.Tensor, activation=None) -> torch.Tensor:
         """mel ``[mel_dim, F]`` or ``[1, mel_dim, F]`` (natural log) -> waveform ``[F * hop_length]``.
 
         Without gradients (inference) each stage runs as one fused block (:class:`_FusedStage`);
-        with them, block by block as the reference does (same summation order: bit-identical)."""
+        with them, block by block as the reference does (same summation order: bit-identical).
+        ``activation``: a decode-runner step over :meth:`snake_resample`; once it is ready (compiled)
+        the fused stages' activations run through it, else as convolutions."""
         x = self.conv_pre(self.normalize_mel(self._as_batch(mel)))
         fused = None if torch.is_grad_enabled() else self._fused()
         for i, (up,) in enumerate(self.ups):
             x = up(x)
             if fused is not None and fused[i] is not None:
-                x = fused[i](x)
+                x = fused[i](x, activation)
             else:
                 blocks = self.resblocks[i * self.num_kernels:(i + 1) * self.num_kernels]
                 # Same summation order as the reference (Python sum from 0) so fp32 rounding matches.
                 x = sum(block(x) for block in blocks) / self.num_kernels
-        x = self.conv_post(fused[-1](x) if fused is not None else self.activation_post(x))
+        x = self.conv_post(fused[-1](x, activation) if fused is not None else self.activation_post(x))
         return torch.clamp(x, -WAVE_LIMIT, WAVE_LIMIT)[0, 0]
 
     def _fused(self) -> list:
@@ -486,6 +531,11 @@ class BigVGAN(nn.Module):
                 stages.append(_FusedActivation([self.activation_post]))
             plan = self.__dict__["_fused_plan"] = ([_written(t) for t in sources], sources, stages)
         return plan[2]
+
+    def snake_resample(self) -> SnakeResample:
+        """The fused stages' activation as :class:`SnakeResample` (to compile; every resampler of the
+        network has the same filters)."""
+        return SnakeResample(self.activation_post.upsample, self.activation_post.downsample)
 
     def _apply(self, fn, *args, **kwargs):
         self.__dict__.pop("_fused_plan", None)  # a conversion may put new tensors in place of the old
@@ -511,7 +561,7 @@ class BigVGAN(nn.Module):
             self._context = (c.left, c.right)
         return self._context
 
-    def forward_window(self, mel_window: torch.Tensor, left: int, right: int) -> torch.Tensor:
+    def forward_window(self, mel_window: torch.Tensor, left: int, right: int, activation=None) -> torch.Tensor:
         """Samples of the frames ``[left, W - right)`` of a ``W``-frame window: ``[(W-left-right) * hop]``.
 
         Exact (equal to the same samples of the whole-utterance forward) when ``left >= L``
@@ -529,6 +579,6 @@ class BigVGAN(nn.Module):
         left, right = left - trim_left, right - trim_right
         if mel.shape[-1] == left + right:
             return mel.new_zeros(0)
-        wave = self.forward(mel)
+        wave = self.forward(mel, activation)
         hop = self.hop_length
         return wave[left * hop: wave.shape[-1] - right * hop]

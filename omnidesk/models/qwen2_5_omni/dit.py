@@ -528,34 +528,53 @@ class DiT(nn.Module):
                     guidance_scale: float = DEFAULT_GUIDANCE_SCALE):
         """``f(t, x)`` = :meth:`velocity` with these codes and voice, for the evaluations of one
         ODE solve (4 per RK4 step): the batched conditioning, the codes' embedding, the rotary
-        table and the attention masks are made once here instead of at every evaluation (~12% of
-        a chunk's DiT time on the CPU demo).  Same operations on the same values: same result."""
+        table and the attention masks are made once (:meth:`_conditioning`) instead of at every
+        evaluation (~12% of a chunk's DiT time on the CPU demo).  Same operations on the same
+        values: same result."""
+        return self._velocity_of(code, self._conditioning(code, spk_cond, speaker_feats, guidance_scale),
+                                 guidance_scale)
+
+    def _conditioning(self, code, spk_cond, speaker_feats, guidance_scale: float) -> tuple:
+        """What every evaluation of one solve shares: (code_embed, spk, feats, cos, sin, masks), the
+        first three batched with the unconditional branch when guided."""
         w = self._weight
         n = code.shape[0] * self.cfg.repeats
         cond_feat, uncond_feat = speaker_feats
-        guided = guidance_scale >= MIN_GUIDANCE_SCALE
-        if guided:
+        if guidance_scale >= MIN_GUIDANCE_SCALE:
             codes = torch.stack([code, torch.zeros_like(code)])
             spk = torch.stack([spk_cond, torch.zeros_like(spk_cond)])
             feats = torch.stack([cond_feat, uncond_feat])
         else:
             codes, spk, feats = code[None], spk_cond[None], cond_feat[None]
-        batch = codes.shape[0]
-        code_embed, spk, feats = self.text_embed(codes), spk.to(w.dtype), feats.to(w.dtype)
         cos, sin = self.rotary_embed(n, w.dtype)
-        masks = self.block_masks(n, code.device)
+        return self.text_embed(codes), spk.to(w.dtype), feats.to(w.dtype), cos, sin, self.block_masks(n, code.device)
 
+    def _velocity_of(self, code: torch.Tensor, inputs: tuple, guidance_scale: float):
         def f(t: float | torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-            self._check_codes(codes, x.shape[0])
+            self._check_codes(code[None], x.shape[0])
             t = torch.as_tensor(t, dtype=torch.float32, device=x.device).reshape(())
-            xb = torch.cat([x[None], x[None]]) if guided else x[None]
-            out = self._evaluate(xb, t.expand(batch), code_embed, spk, feats, cos, sin, masks)
-            if not guided:
-                return out[0].to(x.dtype)
-            cond, uncond = out[0], out[1]
-            return (cond + (cond - uncond) * guidance_scale).to(x.dtype)
+            return self._guided(t, x, *inputs, guidance_scale)
 
         return f
+
+    def _guided(self, t, x, code_embed, spk, feats, cos, sin, masks, guidance_scale: float) -> torch.Tensor:
+        """The velocity at 0-d time ``t`` from the batched conditioning of :meth:`velocity_fn`."""
+        guided = guidance_scale >= MIN_GUIDANCE_SCALE
+        xb = torch.cat([x[None], x[None]]) if guided else x[None]
+        out = self._evaluate(xb, t.expand(code_embed.shape[0]), code_embed, spk, feats, cos, sin, masks)
+        if not guided:
+            return out[0].to(x.dtype)
+        cond, uncond = out[0], out[1]
+        return (cond + (cond - uncond) * guidance_scale).to(x.dtype)
+
+    def solve_step(self, x, t0, t1, code_embed, spk, feats, cos, sin, masks, guidance_scale: float) -> torch.Tensor:
+        """One RK4 step's increment as one function of tensors (what :meth:`sample` adds per step), to
+        compile: the decode runner's ``vocoder_flow`` step.  Compiled as a whole (4 evaluations and
+        their combination), a flow solve on the CPU demo takes 8 instead of 16 ms for the first chunk
+        (48 frames, 4 time points) and 53 instead of 94 for a steady window (144 frames, 10 points),
+        the same values to ~5e-7 (inductor reorders float sums)."""
+        return rk4_step(lambda t, y: self._guided(t, y, code_embed, spk, feats, cos, sin, masks, guidance_scale),
+                        t0, t1, x)
 
     @staticmethod
     def time_points(num_steps: int = DEFAULT_NUM_STEPS, sway_coefficient: float | None = DEFAULT_SWAY_COEFFICIENT,
@@ -571,14 +590,15 @@ class DiT(nn.Module):
     def sample(self, code: torch.Tensor, spk_cond: torch.Tensor, ref_mel: torch.Tensor, noise: torch.Tensor,
                num_steps: int = DEFAULT_NUM_STEPS, guidance_scale: float = DEFAULT_GUIDANCE_SCALE,
                sway_coefficient: float | None = DEFAULT_SWAY_COEFFICIENT,
-               speaker_feats: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+               speaker_feats: tuple[torch.Tensor, torch.Tensor] | None = None, step=None) -> torch.Tensor:
         """Offline flow matching: code [n] long, spk_cond [enc_emb_dim], ref_mel [T, mel_dim],
         noise [n * repeats, mel_dim] (the t = 0 state) -> mel [mel_dim, n * repeats].
 
         Defaults (10 steps, guidance 0.5, sway -1.0) are the reference's.  Equals the
         reference ``sample`` given the same initial noise: (num_steps - 1) RK4 steps
         of 4 velocity evaluations each.  ``speaker_feats`` may be passed to skip the
-        speaker encoder (see :meth:`speaker_features`).
+        speaker encoder (see :meth:`speaker_features`).  ``step``: the decode runner's compiled
+        :meth:`solve_step`; once it is ready each RK4 step runs through it.
         """
         n = code.shape[0] * self.cfg.repeats
         if n > self.cfg.max_position_embeddings:
@@ -591,10 +611,14 @@ class DiT(nn.Module):
             raise ValueError(f"sway_coefficient {sway_coefficient} makes the time grid non-monotonic")
         feats = self.speaker_features(ref_mel) if speaker_feats is None else speaker_feats
 
-        f = self.velocity_fn(code, spk_cond, feats, guidance_scale)
+        inputs = self._conditioning(code, spk_cond, feats, guidance_scale)
+        f = self._velocity_of(code, inputs, guidance_scale)
         x = noise
         for t0, t1 in zip(times[:-1], times[1:]):
-            x = x + rk4_step(f, t0, t1, x)
+            if step is not None and step.ready:
+                x = x + step(x, t0, t1, *inputs, guidance_scale)
+            else:
+                x = x + rk4_step(f, t0, t1, x)
         return x.transpose(0, 1)
 
 

@@ -41,6 +41,16 @@ def thinker_defaults(stack: OmniStack) -> SamplingParams:
     return generation_defaults(stack.generation_config)
 
 
+def _activation_example() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Scratch rows for compiling ``SnakeResample``: channels and length marked dynamic, so one graph
+    serves every stage and window (sizes > 1 and unlike each other, or dynamo would tie them)."""
+    x, alpha, inv_beta = torch.randn(1, 6, 50), torch.ones(1, 6, 1), torch.ones(1, 6, 1)
+    for t, dims in ((x, (1, 2)), (alpha, (1,)), (inv_beta, (1,))):
+        for d in dims:
+            torch._dynamo.mark_dynamic(t, d)
+    return x, alpha, inv_beta
+
+
 @dataclass(eq=False)
 class QwenReply(ReplyState):
     bos_embed: torch.Tensor | None = None  # the voice's bos token embedding: opens the talker's speech
@@ -99,6 +109,14 @@ class QwenOmniExecutor(ThinkerTalkerExecutor):
         self._talker_decode_step = self.runner.step(
             "talker", self._talker_decode,
             lambda: self._example(self.talker_cache, self.codec_sampler, (row.clone(),)))
+        # The vocoder's hot parts, compiled once for every window length (marked dynamic): the DiT's RK4
+        # step (DiT.solve_step: its time nearly halves on the demo) and BigVGAN's anti-aliased activations
+        # (bigvgan.SnakeResample: a quarter of its time), until ready eager
+        self._flow_step = self._activation_step = None
+        if self.runner.mode == "compile" and self.device.type == "cpu":
+            self._flow_step = self.runner.step("vocoder_flow", self.vocoder.dit.solve_step, self._flow_example)
+            self._activation_step = self.runner.step("vocoder_activation", self.vocoder.bigvgan.snake_resample(),
+                                                     _activation_example)
 
     def _talker_decode(self, cache, sampler: Sampler, code: torch.Tensor, reply_row: torch.Tensor,
                        input_pos: torch.Tensor) -> torch.Tensor:
@@ -109,6 +127,22 @@ class QwenOmniExecutor(ThinkerTalkerExecutor):
         nxt = sample(logits, sampler.params, sampler.seen, sampler.noise, sampler.suppress)
         sampler.mark(nxt)
         return guard_finite(logits, nxt)
+
+    def _flow_example(self) -> tuple:
+        """Scratch inputs for compiling the DiT's RK4 step: 72 frames (3 blocks), marked dynamic (a
+        length unlike the model's widths, or dynamo would tie them)."""
+        t2w, cfg, n = self.vocoder, self.vocoder.dit.cfg, 72
+        code = torch.zeros(n // t2w.repeats, dtype=torch.long, device=self.device)
+        x = t2w.noise(0, 0, n)
+        feat = torch.zeros(cfg.enc_dim, device=self.device)  # a voice's shapes (the real ones need the encoder)
+        inputs = t2w.dit._conditioning(code, torch.zeros(cfg.enc_emb_dim, device=self.device), (feat, feat),
+                                       t2w.guidance_scale)
+        code_embed, spk, feats, cos, sin, masks = inputs
+        for t, dims in ((x, (0,)), (code_embed, (1,)), (cos, (0,)), (sin, (0,)), *((m, (0, 1)) for m in masks)):
+            for d in dims:
+                torch._dynamo.mark_dynamic(t, d)
+        times = t2w.dit.time_points(4, t2w.sway_coefficient, device=x.device)
+        return (x, times[0], times[1], *inputs, t2w.guidance_scale)
 
     def _feed_ends(self):
         w, tcfg = self.thinker.embed_tokens.weight, self.cfg.talker
@@ -136,7 +170,8 @@ class QwenOmniExecutor(ThinkerTalkerExecutor):
         r.voice, r.codec_sampler = name, codec_sampler
         r.bos_embed = self.thinker.embed_tokens.weight[self.stack.voices[name].bos_token]
         with stage("vocoder"):
-            r.stream = self.vocoder.stream(vcond, seed=seed, plan=self.plan)
+            r.stream = self.vocoder.stream(vcond, seed=seed, plan=self.plan, flow=self._flow_step,
+                                           activation=self._activation_step)
 
     def _start_talker(self) -> None:
         """Prefill the talker: context rows added since the last reply, then voice bos + first reply row."""

@@ -159,11 +159,12 @@ class Token2Wav(nn.Module):
         return noise.to(self.dit.proj_out.weight.device)
 
     def mel(self, codes: torch.Tensor, voice: VoiceCondition, noise: torch.Tensor,
-            num_steps: int | None = None) -> torch.Tensor:
-        """codes [n] -> mel [mel_dim, n * repeats] with the given initial state."""
+            num_steps: int | None = None, flow=None) -> torch.Tensor:
+        """codes [n] -> mel [mel_dim, n * repeats] with the given initial state (``flow``: the decode
+        runner's compiled :meth:`DiT.solve_step`, or None)."""
         return self.dit.sample(codes, voice.cond, None, noise, num_steps=num_steps or self.num_steps,
                                guidance_scale=self.guidance_scale, sway_coefficient=self.sway_coefficient,
-                               speaker_feats=voice.features)
+                               speaker_feats=voice.features, step=flow)
 
     @torch.no_grad()
     def offline(self, codes: torch.Tensor, voice: VoiceCondition, seed: int = 0,
@@ -176,8 +177,11 @@ class Token2Wav(nn.Module):
             noise = self.noise(seed, 0, n)
         return self.bigvgan(self.mel(codes.to(noise.device), voice, noise)).reshape(-1).float()
 
-    def stream(self, voice: VoiceCondition, seed: int = 0, plan: StreamingPlan | None = None) -> "VocoderStream":
-        return VocoderStream(self, voice, seed, plan or StreamingPlan())
+    def stream(self, voice: VoiceCondition, seed: int = 0, plan: StreamingPlan | None = None,
+               flow=None, activation=None) -> "VocoderStream":
+        """``flow``, ``activation``: the decode runner's compiled DiT solve step and BigVGAN activation
+        (:meth:`mel`, :meth:`BigVGAN.forward`), or None (eager)."""
+        return VocoderStream(self, voice, seed, plan or StreamingPlan(), flow, activation)
 
 
 class VocoderStream:
@@ -188,9 +192,11 @@ class VocoderStream:
     starts a new reply.  Chunks are 1-D float32 tensors at 24 kHz.
     """
 
-    def __init__(self, t2w: Token2Wav, voice: VoiceCondition, seed: int, plan: StreamingPlan):
+    def __init__(self, t2w: Token2Wav, voice: VoiceCondition, seed: int, plan: StreamingPlan, flow=None,
+                 activation=None):
         plan.check(t2w.dit.cfg.block_size)
         self.t2w, self.voice, self.seed, self.plan = t2w, voice, seed, plan
+        self.flow, self.activation = flow, activation
         self.left_ctx, _ = t2w.bigvgan.context_frames()
         self.right_ctx = plan.vocoder_lookahead_frames
         self.reset()
@@ -219,7 +225,8 @@ class VocoderStream:
                              device=self._mel.device)
         window_end = codes.numel() * r + start
         steps = self.plan.first_flow_steps if self.chunks_made == 0 else None
-        mel = self.t2w.mel(codes, self.voice, self.t2w.noise(self.seed, start, window_end), num_steps=steps)
+        mel = self.t2w.mel(codes, self.voice, self.t2w.noise(self.seed, start, window_end), num_steps=steps,
+                           flow=self.flow)
         self._mel = torch.cat([self._mel, mel[:, self.mel_done - start:end - start]], dim=1)
         self.mel_done = end
         self.chunks_made += 1
@@ -233,7 +240,7 @@ class VocoderStream:
         window = self._mel[:, lo - self._mel_start:hi - self._mel_start]
         left = self.audio_done - lo
         right = hi - until
-        samples = self.t2w.bigvgan.forward_window(window, left, right).reshape(-1).float()
+        samples = self.t2w.bigvgan.forward_window(window, left, right, self.activation).reshape(-1).float()
         self.audio_done = until
         # Drop mel that no future window can need (memory stays flat in long replies).
         keep_from = max(0, self.audio_done - self.left_ctx)
