@@ -81,6 +81,26 @@ def test_a_graph_break_leaves_the_step_eager_and_says_why():
     assert step.stats.calls == {"eager": 1, "compile": 0, "graphs": 0}
 
 
+def test_while_steps_compile_the_interpreter_lock_changes_hands_often():
+    """Compiling holds the interpreter lock in long stretches: the sound callbacks must get it every
+    millisecond meanwhile, and the setting comes back when the last runner's compile ends."""
+    import sys
+
+    from omnidesk.models.runner import COMPILE_SWITCH_INTERVAL_S, _compile_yields_often
+
+    before = sys.getswitchinterval()
+    with _compile_yields_often():
+        assert sys.getswitchinterval() == pytest.approx(COMPILE_SWITCH_INTERVAL_S)
+        with _compile_yields_often():  # a second runner (a model switch) compiling at the same time
+            pass
+        assert sys.getswitchinterval() == pytest.approx(COMPILE_SWITCH_INTERVAL_S)
+    assert sys.getswitchinterval() == before
+    runner = DecodeRunner("compile", "cpu")
+    runner.step("double", lambda x: x * 2, lambda: (torch.ones(3),))
+    runner.warm_up(background=False)
+    assert runner.ready and sys.getswitchinterval() == before
+
+
 def test_device_sampling_draws_within_top_k_and_top_p():
     g = torch.Generator().manual_seed(0)
     logits = torch.randn(500, generator=g)

@@ -1,15 +1,17 @@
 """The decode runner: every family's hot steps, run eager, compiled or as captured CUDA graphs.
 
 A family registers its hot steps (the thinker's and talker's one-token decode, Qwen3-Omni's
-code-predictor frame, Moshi's frame) as plain functions over tensors: small inputs (token ids,
-positions, sampling noise) in, small outputs (hidden states, the next token) out, caches written in
-place.  Sampling happens inside the step (:func:`omnidesk.models.sampling.sample`); nothing in a
+code-predictor frame, Moshi's frame; on the CPU also Qwen2.5-Omni's vocoder: the DiT's RK4 step and
+BigVGAN's anti-aliased activation, over windows of any length) as plain functions over tensors: small
+inputs (token ids, positions, sampling noise) in, small outputs (hidden states, the next token) out,
+caches written in place.  Sampling happens inside the step (:func:`omnidesk.models.sampling.sample`); nothing in a
 step reads a tensor on the host, so one function serves every mode:
 
 * ``eager``: the function as written;
 * ``compile``: ``torch.compile(fullgraph=True)`` (a graph break is an error, not a slowdown).  Its
   shapes are static but for the dimensions a step marks dynamic itself (on the CPU, the attended
-  length of a KV cache: :meth:`omnidesk.models.kv_cache.KVCache.span`);
+  length of a KV cache: :meth:`omnidesk.models.kv_cache.KVCache.span`; a vocoder window's length
+  and width, marked on the step's example inputs);
 * ``graphs`` (CUDA only): each step is captured as a CUDA graph per input signature (shapes, dtypes
   and the identity of its state objects) and replayed, after one eager call of that signature that
   warms it up; a signature not captured yet runs eagerly, as nano-vllm's and moshi's runners fall
@@ -29,8 +31,10 @@ buffers at other positions.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import sys
 import threading
 import time
 import weakref
@@ -228,6 +232,35 @@ class Step:
         return graph.replay(args)
 
 
+# While steps compile, the interpreter lock changes hands every millisecond instead of every 5 ms:
+# tracing a step is Python that holds the lock for long stretches, and the sound devices' callbacks
+# (Python, 10 ms blocks) and the capture loop queued behind it.  Measured with bench/live_latency.py
+# (fixed, idle, the first question spoken during a warm start's ~6 s of compiling): 39-53 ALSA
+# underruns in a run, all then, at the default; 4 with this.
+COMPILE_SWITCH_INTERVAL_S = 0.001
+_switch_lock = threading.Lock()
+_switch_users = 0
+_switch_saved = 0.005
+
+
+@contextlib.contextmanager
+def _compile_yields_often():
+    """:data:`COMPILE_SWITCH_INTERVAL_S` while any runner compiles (the setting is per process)."""
+    global _switch_users, _switch_saved
+    with _switch_lock:
+        if _switch_users == 0:
+            _switch_saved = sys.getswitchinterval()
+            sys.setswitchinterval(min(_switch_saved, COMPILE_SWITCH_INTERVAL_S))
+        _switch_users += 1
+    try:
+        yield
+    finally:
+        with _switch_lock:
+            _switch_users -= 1
+            if _switch_users == 0:
+                sys.setswitchinterval(_switch_saved)
+
+
 class DecodeRunner:
     """The hot steps of one loaded model and the mode they run in.
 
@@ -282,10 +315,11 @@ class DecodeRunner:
         self._warm_started = time.perf_counter()
 
         def run():
-            for s in list(self.steps.values()):
-                if self._stop.is_set():
-                    return
-                s.warm_up()
+            with _compile_yields_often():
+                for s in list(self.steps.values()):
+                    if self._stop.is_set():
+                        return
+                    s.warm_up()
             self.warmup_s = time.perf_counter() - self._warm_started
 
         if background:

@@ -55,7 +55,8 @@ class StreamingPlan:
       at ~100-115 ms but the next chunk's DiT window costs as much as a whole chunk, so on
       this CPU playback ran dry unless it waited until ~180-390 ms (tests/test_vocoder.py,
       bench/live_latency.py).  Again with BigVGAN's fused stages (one core, whole pipeline,
-      no devices): 24 frames first at 66 ms but gapless only from 105 ms; this plan 92 ms.
+      no devices): 24 frames first at 66 ms but gapless only from 105 ms; this plan 92 ms, and
+      77 ms with the DiT step and BigVGAN's activations compiled (the executor's compile mode).
 
     What this costs: the first 360 ms of audio (the first chunk minus BigVGAN's look-ahead)
     come from a coarser ODE grid and see no DiT look-ahead; everything after it is made as
