@@ -235,8 +235,8 @@ class Step:
 # While steps compile, the interpreter lock changes hands every millisecond instead of every 5 ms:
 # tracing a step is Python that holds the lock for long stretches, and the sound devices' callbacks
 # (Python, 10 ms blocks) and the capture loop queued behind it.  Measured with bench/live_latency.py
-# (fixed, idle, the first question spoken during a warm start's ~6 s of compiling): 39-53 ALSA
-# underruns in a run, all then, at the default; 4 with this.
+# (the first question spoken during a warm start's ~6 s of compiling): 39-53 ALSA underruns in an
+# idle run, all then, at the default; 2-8 with this (ten runs, idle and loaded).
 COMPILE_SWITCH_INTERVAL_S = 0.001
 _switch_lock = threading.Lock()
 _switch_users = 0
