@@ -24,6 +24,18 @@ def speech_like_wave(seconds: float, seed: int = 0) -> torch.Tensor:
     return (wave * (0.6 + 0.4 * torch.sin(2 * torch.pi * 3 * t)) + 0.01 * torch.randn(t.shape, generator=g)).float()
 
 
+class ReadyStep:
+    """A decode-runner step stand-in that is ready (compiled) and runs its function as written, eager:
+    for checking what a model does with a ready step without compiling it.  Counts its calls."""
+
+    def __init__(self, fn):
+        self.fn, self.ready, self.calls = fn, True, 0
+
+    def __call__(self, *args):
+        self.calls += 1
+        return self.fn(*args)
+
+
 def damageable_copy(src: Path, dst: Path) -> Path:
     """A private copy of a shared (session-scoped) checkpoint at ``dst``, for a test to damage."""
     shutil.copytree(src, dst)

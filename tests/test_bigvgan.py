@@ -15,6 +15,7 @@ import torch
 
 from omnidesk.models.qwen2_5_omni.bigvgan import BigVGAN, BigVGANConfig, _FusedStage
 from omnidesk.models.checkpoint import ConfigError
+from support import ReadyStep
 
 # Gain of the random conv weights (times 1/sqrt(fan_in)): transformers' own init makes the
 # waveform ~1e-4, too small for an absolute tolerance to mean anything; 0.6 gives a std of
@@ -227,17 +228,6 @@ def test_context_is_sufficient_and_tight(models):
     assert (reach.min().item(), reach.max().item()) == (a - L, b + R - 1)
 
 
-class _Ready:
-    """A decode-runner step stand-in that is ready and runs its function as written (eager)."""
-
-    def __init__(self, fn):
-        self.fn, self.ready, self.calls = fn, True, 0
-
-    def __call__(self, *args):
-        self.calls += 1
-        return self.fn(*args)
-
-
 def test_snake_resample_is_the_anti_aliased_activation(models):
     """SnakeResample (the compiled activation's function) computes what the fused activation's
     convolutions do, for every width and length a window has, down to one sample at the edges."""
@@ -261,7 +251,7 @@ def test_a_ready_activation_step_runs_instead_of_the_convolutions(models, whole1
     the vocoder's samples stay those of the convolutions (streaming windows included)."""
     _, ours = models
     mel, whole = whole150
-    step = _Ready(ours.snake_resample())
+    step = ReadyStep(ours.snake_resample())
     with torch.no_grad():
         got = ours(mel, step)
         window = ours.forward_window(mel[:, 40:100], 20, 12, step)

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import tiny
+from support import ReadyStep
 from omnidesk.models.checkpoint import ConfigError
 from omnidesk.models.qwen2_5_omni.dit import DiT, DiTConfig
 
@@ -186,17 +187,6 @@ def test_builds_on_meta_device(models):
     assert torch.equal(meta.rotary_embed.inv_freq, ours.rotary_embed.inv_freq)
 
 
-class _Ready:
-    """A decode-runner step stand-in that is ready and runs its function as written (eager)."""
-
-    def __init__(self, fn):
-        self.fn, self.ready, self.calls = fn, True, 0
-
-    def __call__(self, *args):
-        self.calls += 1
-        return self.fn(*args)
-
-
 @pytest.mark.parametrize("guidance", [0.5, 0.0])
 def test_a_solve_through_the_step_function_is_the_same_solve(models, guidance):
     """``DiT.solve_step`` (what the decode runner compiles) is one RK4 step of ``velocity``: a solve
@@ -206,7 +196,7 @@ def test_a_solve_through_the_step_function_is_the_same_solve(models, guidance):
     spk, ref_mel = _voice(cfg)
     code = _codes(cfg, 24, 5)
     noise = torch.randn(24 * cfg.repeats, cfg.mel_dim, generator=torch.Generator().manual_seed(9))
-    step = _Ready(ours.solve_step)
+    step = ReadyStep(ours.solve_step)
     with torch.no_grad():
         plain = ours.sample(code, spk, ref_mel, noise, num_steps=4, guidance_scale=guidance)
         stepped = ours.sample(code, spk, ref_mel, noise, num_steps=4, guidance_scale=guidance, step=step)
