@@ -290,13 +290,7 @@ def stop_process(proc: subprocess.Popen | None, sig=signal.SIGTERM, timeout: flo
 
 
 def play(harness, sink: str, samples: np.ndarray, rate: int = REC_RATE) -> None:
-    from audio_harness import PLAYER_LATENCY_MS  # (a buffer that a busy core cannot starve)
-
-    data = np.ascontiguousarray(np.asarray(samples, dtype="<f4")).tobytes()
-    subprocess.run(["pacat", "--playback", f"--server={harness.server}", f"--device={sink}", "--raw",
-                    "--format=float32le", f"--rate={rate}", "--channels=1", f"--latency-msec={PLAYER_LATENCY_MS}"],
-                   input=data, env=client_env(harness), capture_output=True, check=True,
-                   timeout=15 + 2 * len(samples) / rate)
+    harness.play(samples, rate, sink, timeout=15 + 2 * len(samples) / rate)
 
 
 def load_combined_sink(harness) -> str:

@@ -196,15 +196,19 @@ class PulseHarness:
         return subprocess.run(["pactl", "--server", self.server, *args], env=self._env(),
                               capture_output=True, text=True, timeout=timeout, check=check)
 
-    def play_into_mic(self, samples: np.ndarray, rate: int, timeout: float | None = None) -> None:
-        """Play mono float32 ``samples`` into the ``omnidesk_mic`` sink (blocks until played)."""
+    def play(self, samples: np.ndarray, rate: int, sink: str = MIC, timeout: float | None = None) -> None:
+        """Play mono float32 ``samples`` into ``sink`` (blocks until played)."""
         data = np.ascontiguousarray(np.asarray(samples, dtype="<f4").reshape(-1)).tobytes()
         if timeout is None:
             timeout = 10.0 + len(samples) / rate * 2
-        subprocess.run(["pacat", "--playback", f"--server={self.server}", f"--device={MIC}", "--raw",
+        subprocess.run(["pacat", "--playback", f"--server={self.server}", f"--device={sink}", "--raw",
                         "--format=float32le", f"--rate={rate}", "--channels=1",
                         f"--latency-msec={PLAYER_LATENCY_MS}"],
                        input=data, env=self._env(), capture_output=True, timeout=timeout, check=True)
+
+    def play_into_mic(self, samples: np.ndarray, rate: int, timeout: float | None = None) -> None:
+        """Play mono float32 ``samples`` into the ``omnidesk_mic`` sink (blocks until played)."""
+        self.play(samples, rate, MIC, timeout)
 
     def record_speaker(self, seconds: float, rate: int = 16000,
                        during: Callable[[], object] | None = None) -> np.ndarray:

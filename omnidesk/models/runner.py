@@ -4,8 +4,8 @@ A family registers its hot steps (the thinker's and talker's one-token decode, Q
 code-predictor frame, Moshi's frame; on the CPU also Qwen2.5-Omni's vocoder: the DiT's RK4 step and
 BigVGAN's anti-aliased activation, over windows of any length) as plain functions over tensors: small
 inputs (token ids, positions, sampling noise) in, small outputs (hidden states, the next token) out,
-caches written in place.  Sampling happens inside the step (:func:`omnidesk.models.sampling.sample`); nothing in a
-step reads a tensor on the host, so one function serves every mode:
+caches written in place.  Sampling happens inside the step (:func:`omnidesk.models.sampling.sample`);
+nothing in a step reads a tensor on the host, so one function serves every mode:
 
 * ``eager``: the function as written;
 * ``compile``: ``torch.compile(fullgraph=True)`` (a graph break is an error, not a slowdown).  Its
