@@ -1,3 +1,5 @@
+import math
+
 import numpy as np
 import pytest
 
@@ -86,7 +88,9 @@ def test_tone_burst_start_pause_endpoint():
     assert not end.forced
     # Events arrive in the frame that completes them.
     assert ev[1][0] == round(1.12 / DT) - 1
-    assert ev[2][0] == round(2.16 / DT) - 1  # 150 ms of silence needs 4 frames
+    # the pause is due after preempt_silence_ms of silence (100 ms): the third silent frame
+    frames = math.ceil(EndpointerConfig.preempt_silence_ms / 1000 / DT)
+    assert ev[2][0] == round(2.0 / DT) + frames - 1
     assert ev[3][0] == round(2.4 / DT) - 1
 
 
@@ -272,10 +276,9 @@ def _scores(events):
 def test_a_complete_verdict_ends_the_turn_at_the_first_score():
     ep, judge = judged([0.93])
     ev = run(ep, signal(("s", 0.4), ("t", 1.0), ("s", 1.0)))
-    # this detector holds no speech past the voice, so the first look (120 ms) comes before the
-    # preempt point (150 ms after the voice) and the turn ends with no Pause: the reply starts at
-    # the Endpoint.  With webrtcvad the 120 ms count from ~85 ms past the voice: Pause first.
-    assert kinds(ev) == ["SpeechOnset", "SpeechStart", "TurnScore", "Endpoint"]
+    # the preempt point (100 ms after the voice) comes before the first look (120 ms after the
+    # detector's last speech frame), so the speculative reply starts first, as with webrtcvad
+    assert kinds(ev) == ["SpeechOnset", "SpeechStart", "Pause", "TurnScore", "Endpoint"]
     score, end = _scores(ev)[0], ev[-1][1]
     assert score.decision == "complete" and score.p_complete == 0.93 and score.cpu_ms == 1.5
     assert end.by == "model" and not end.forced
@@ -395,8 +398,11 @@ def test_speech_end_is_where_the_voice_stopped_not_where_the_detector_let_go():
     assert kinds(ev) == ["SpeechOnset", "SpeechStart", "Pause", "Endpoint"]
     (_, pause), (_, end) = ev[2], ev[3]
     assert end.t_speech_end == pytest.approx(voice_end)
-    assert ev[2][0] == round((voice_end + 0.16) / DT) - 1  # 150 ms after the voice (4 frames)
+    # preempt_silence_ms after the voice (100 ms: 3 frames), but not before the detector's first
+    # silent frame (it holds 3 frames: the 4th)
+    pause_frames = math.ceil(EndpointerConfig.preempt_silence_ms / 1000 / DT)
+    assert ev[2][0] == round((voice_end + max(4, pause_frames) * DT) / DT) - 1
     assert end.t_endpoint == pytest.approx(voice_end + 0.12 + 0.4)
     ev = run(Endpointer(Holding(), EndpointerConfig(speech_end_search_ms=0), SR), x)
     assert ev[3][1].t_speech_end == pytest.approx(voice_end + 0.12)
-    assert ev[2][0] == round((voice_end + 0.12 + 0.16) / DT) - 1
+    assert ev[2][0] == round((voice_end + 0.12 + pause_frames * DT) / DT) - 1
