@@ -345,9 +345,46 @@ def test_a_complete_verdict_plays_the_preemptive_reply_sooner_and_the_timeline_s
     record = model.extra["end_of_turn"]
     assert record["detector"] == "always" and record["ended_by"] == "model"
     assert [s["decision"] for s in record["scores"]] == ["complete"] and record["scores"][0]["cpu_ms"] == 2.0
-    # the turn ended at the first score (160 ms of silence), not after 400 ms, and the reply is the same one
-    assert model.endpoint - model.user_speech_end == pytest.approx(0.16, abs=0.045)
+    # the turn ended at the first score (110 ms of silence: the third 40 ms frame), not after 400 ms,
+    # and the reply is the same one
+    assert model.endpoint - model.user_speech_end == pytest.approx(0.12, abs=0.045)
     assert fixed.endpoint - fixed.user_speech_end == pytest.approx(0.40, abs=0.045)
     assert model.prompt_token_ids == fixed.prompt_token_ids and model.codec_token_ids == fixed.codec_token_ids
     v2v = {k: t.events["playback_start"] - t.user_speech_end for k, t in runs.items()}
     assert v2v["model"] < v2v["fixed"] - 0.15
+
+
+def test_a_start_up_that_ran_dry_while_the_steps_compiled_sets_no_playout_delay(stack):
+    """The adaptive playout delay learns from replies made with the steps as they will stay: a
+    reply that started while they were still compiling ran next to the compile, so its gap is
+    recorded but does not delay the next replies; the same gap once they are ready does."""
+    from omnidesk.engine.timeline import TurnTimeline
+    from omnidesk.engine.vad import EnergyVAD, Endpointer
+
+    class Runner:  # a runner whose background compile is, or is over
+        ready = False
+
+    async def measure(compiling: bool) -> tuple[float, dict, bool]:
+        ex = _executor(stack)
+        ex.runner = Runner()
+        ex.runner.ready = not compiling
+        speaker = VirtualSpeaker()
+        engine = Engine(ex, Endpointer(EnergyVAD()), speaker, EngineConfig())
+        engine._turn = TurnTimeline()
+        engine._start_reply(held=True)
+        reply = engine._reply
+        reply.task.cancel()
+        reply.underruns_at_start = speaker.underruns
+        speaker.underruns += 3  # the first 1.5 s ran dry for 3 blocks (under the 0.3 s cap)
+        engine.now = 2.0
+        engine._measure_startup(reply, started=0.0)
+        engine._pool.shutdown()
+        return engine.playout_delay, reply.turn.extra, reply.warming_up
+
+    dry_s = 3 * VirtualSpeaker().block / VirtualSpeaker().sample_rate
+    delay, extra, warming = asyncio.run(measure(compiling=True))
+    assert warming and extra["decode_steps_warming_up"] is True
+    assert extra["startup_dry_ms"] == round(dry_s * 1000) and delay == 0.0
+    delay, extra, warming = asyncio.run(measure(compiling=False))
+    assert not warming and "decode_steps_warming_up" not in extra
+    assert extra["startup_dry_ms"] == round(dry_s * 1000) and delay == pytest.approx(dry_s)

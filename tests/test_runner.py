@@ -9,6 +9,8 @@ CUDA exists.
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -99,6 +101,34 @@ def test_while_steps_compile_the_interpreter_lock_changes_hands_often():
     runner.step("double", lambda x: x * 2, lambda: (torch.ones(3),))
     runner.warm_up(background=False)
     assert runner.ready and sys.getswitchinterval() == before
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread priorities are Linux's")
+def test_the_background_compile_runs_at_a_lower_priority_than_the_conversation():
+    """A reply that starts while steps compile runs eagerly next to the compile: where both share a
+    core, the compile thread gives way (nice +COMPILE_NICE), and the threads that call it do not."""
+    import os
+    import threading
+
+    from omnidesk.models.runner import COMPILE_NICE
+
+    seen = {}
+
+    def example():  # built on the compile thread: record that thread's priority
+        tid = threading.get_native_id()
+        seen[tid] = os.getpriority(os.PRIO_PROCESS, tid)
+        return (torch.ones(3),)
+
+    mine = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    runner = DecodeRunner("compile", "cpu")
+    runner.step("double", lambda x: x * 2, example)
+    runner.warm_up()
+    assert runner.wait_ready(120) and runner.ready
+    (tid, nice), = seen.items()
+    assert tid != threading.get_native_id() and nice == min(19, mine + COMPILE_NICE)
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == mine
+    assert runner.steps["double"].stats.error is None
+    assert runner.steps["double"](torch.ones(3)).tolist() == [2.0, 2.0, 2.0]
 
 
 def test_device_sampling_draws_within_top_k_and_top_p():

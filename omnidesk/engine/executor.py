@@ -185,6 +185,14 @@ class Executor(ABC):
         contract fields.  Called on the engine's loop, not the worker: it must not block.  Default: none."""
         return {}
 
+    @property
+    def warming_up(self) -> bool:
+        """Whether hot steps are still being compiled in the background (the conversation runs
+        eagerly meanwhile, and the compile takes CPU from it: a reply's start-up may run dry for
+        that reason alone).  Default: the executor's decode runner, if it has one."""
+        runner = getattr(self, "runner", None)
+        return runner is not None and not runner.ready
+
     def end_session(self) -> None:
         """The session driving this executor closed (or restarts): stop what still runs in the
         background for an unfinished reply.  Called once the engine's worker has stopped, so no

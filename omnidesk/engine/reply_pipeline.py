@@ -20,7 +20,8 @@ reply sets its ``stop`` flag, so a burst ends after the step it is in.
 
 Pacing towards the speaker: a reply's chunks wait while it is held (PREEMPTING), and its first
 chunk waits the adaptive playout delay (a jitter buffer: after the first seconds of playback the
-next reply's delay is set from how long the speaker ran dry meanwhile).  The events of a reply
+next reply's delay is set from how long the speaker ran dry meanwhile, unless the executor was
+still compiling its steps when or since the reply started: that gap is the compile's).  The events of a reply
 are stamped on the session clock (the device's where the speaker has one).
 """
 
@@ -55,6 +56,7 @@ class ReplyRun:
     play_at: float | None = None  # session time the first chunk may start playing (playout delay)
     underruns_at_start: int | None = None  # speaker underruns when this reply started playing
     startup_measured: bool = False
+    warming_up: bool = False  # the executor's hot steps were still compiling when the reply started
     stop: threading.Event = field(default_factory=threading.Event)  # read by the worker between steps
 
     def cancel(self) -> None:
@@ -86,7 +88,9 @@ class ReplyPipeline:
         # when the reply's work began (at the pause for a speculative one): its events are stamped
         # on the same clock, so first audio - reply_started is the pipeline's own latency
         self._turn.extra["reply_started"] = self._clock_now()
-        reply = ReplyRun(turn=self._turn, held=held, mark=mark)
+        reply = ReplyRun(turn=self._turn, held=held, mark=mark, warming_up=self.ex.warming_up)
+        if reply.warming_up:
+            self._turn.extra["decode_steps_warming_up"] = True
         self._reply = reply
         reply.task = self._loop.create_task(self._run_reply(reply))
 
@@ -266,6 +270,11 @@ class ReplyPipeline:
         reply.startup_measured = True
         dry_s = (self.speaker.underruns - reply.underruns_at_start) * self.speaker.block / self.speaker.sample_rate
         reply.turn.extra["startup_dry_ms"] = round(dry_s * 1000)
+        if reply.warming_up or self.ex.warming_up:
+            # The steps ran eagerly next to the compile: a gap then says nothing of the replies that
+            # follow, and learning from it delayed the next three or four (300, 150, 75 ms ...;
+            # bench/live_latency.py under load, when the first question came during the compile).
+            return
         # grow at once to cover the gap seen; shrink slowly when replies keep up
         self.playout_delay = min(self.config.max_playout_delay_s, max(dry_s, 0.5 * self.playout_delay))
         if self.playout_delay < 0.01:
