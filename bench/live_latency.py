@@ -1063,6 +1063,10 @@ def run_bench(args) -> dict:
     return result
 
 
+def _terminated(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--questions", type=int, default=None,
@@ -1085,6 +1089,12 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.window_child:
         return window_child(args)
+    # A bench started in the background by a shell without job control inherits SIGINT ignored, and
+    # the app it starts would too: deaf to the Ctrl-C that ends its session, it was killed 30 s later
+    # without its timeline.  A handler here is reset to the default in the children.  SIGTERM ends
+    # the bench through its finally blocks, which stop the busy core and the sound server.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, _terminated)
     out = Path(args.out)
     try:
         if args.questions is not None and args.questions < 1:

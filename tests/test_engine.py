@@ -354,6 +354,58 @@ def test_a_complete_verdict_plays_the_preemptive_reply_sooner_and_the_timeline_s
     assert v2v["model"] < v2v["fixed"] - 0.15
 
 
+class _ScoringJudge(_AlwaysJudge):
+    """A judge whose verdict takes ``polls`` frames after it is asked (a score on a busy core);
+    while it scores it records the reply's speech codes so far and whether its first audio exists."""
+
+    def __init__(self, p, polls, timeline):
+        super().__init__(p)
+        self.polls, self.timeline, self.left, self.while_scoring = polls, timeline, 0, []
+
+    @property
+    def pending(self):
+        return self.left > 0 or getattr(self, "_ready", None) is not None
+
+    def submit(self, audio):
+        self.seen.append(audio.size)
+        self.left = self.polls
+
+    def poll(self):
+        if self.left > 0:
+            turn = self.timeline.turns[-1]
+            self.while_scoring.append((turn.events.get("first_audio_chunk") is not None, len(turn.codec_token_ids)))
+            self.left -= 1
+            if self.left == 0:
+                self._ready = (self.p, 30.0)
+            return None
+        return super().poll()
+
+
+def test_a_held_reply_waits_after_its_first_chunk_while_the_judge_scores(stack, speech_like):
+    """At a pause the end-of-turn score and the speculative reply's first chunk are both what the
+    endpoint waits for; a held reply that has its first chunk makes nothing more until the verdict
+    (on a busy machine the two share a core), then goes on: the same reply as without the wait."""
+    wave = _wave(speech_like, 1.2, 5)
+    look = EndpointerConfig(turn_min_silence_ms=EndpointerConfig.preempt_silence_ms + 10)
+    turns = {}
+    for name, polls in (("at once", 0), ("slow", 15)):
+        timeline = Timeline(model={}, device="cpu")
+        judge = _ScoringJudge(0.95, polls, timeline) if polls else _AlwaysJudge(0.95)
+        asyncio.run(run_script(_executor(stack), Script([wave]), EngineConfig(), timeline, realtime=False,
+                               judge=judge, endpointer_config=look))
+        turns[name] = (timeline.turns[0], judge)
+    slow, judge = turns["slow"]
+    with_audio = [codes for has_audio, codes in judge.while_scoring if has_audio]
+    # the 600 ms score outlasts the first chunk (made in a few frames of the session clock), and
+    # meanwhile the reply stays at the codes that chunk needed
+    assert len(judge.while_scoring) == 15 and with_audio and len(set(with_audio)) == 1
+    assert with_audio[0] < len(slow.codec_token_ids)
+    assert slow.extra["end_of_turn"]["ended_by"] == "model" and not slow.interrupted
+    at_once = turns["at once"][0]
+    assert slow.codec_token_ids == at_once.codec_token_ids and slow.text_token_ids == at_once.text_token_ids
+    assert slow.reply_audio_s == at_once.reply_audio_s
+
+
 def test_a_start_up_that_ran_dry_while_the_steps_compiled_sets_no_playout_delay(stack):
     """The adaptive playout delay learns from replies made with the steps as they will stay: a
     reply that started while they were still compiling ran next to the compile, so its gap is

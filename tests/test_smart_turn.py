@@ -250,3 +250,41 @@ def test_explicit_path_errors(tmp_path):
     bad.write_bytes(b"not an onnx model")
     with pytest.raises(TurnModelUnavailable, match="damaged"):
         SmartTurn.load(bad)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread priorities are Linux's")
+def test_the_judge_scores_on_a_thread_of_lower_priority_and_hands_out_each_verdict_once():
+    """The score runs off the caller's thread, at nice +JUDGE_NICE (the speculative reply goes first
+    where they share a core), and the caller's own priority is unchanged."""
+    import os
+    import threading
+    import time
+
+    from omnidesk.engine.turn_judge import JUDGE_NICE, SmartTurnJudge
+
+    class Model:  # what the judge reads of a Smart Turn model, and a score that records its thread
+        window_samples = 128000
+        cfg = type("Cfg", (), {"sampling_rate": 16000})()
+        seen = []
+
+        def score(self, audio):
+            tid = threading.get_native_id()
+            self.seen.append((tid, os.getpriority(os.PRIO_PROCESS, tid), audio.size))
+            return 0.9
+
+    mine = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    judge = SmartTurnJudge(Model())
+    try:
+        assert judge.window_s == 8.0 and not judge.pending
+        judge.submit(np.zeros(1600, np.float32))
+        assert judge.pending
+        deadline = time.monotonic() + 30
+        while (ready := judge.poll()) is None:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert ready[0] == 0.9 and ready[1] >= 0.0 and not judge.pending and judge.poll() is None
+        (tid, nice, size), = Model.seen
+        assert tid != threading.get_native_id() and nice == min(19, mine + JUDGE_NICE) and size == 1600
+        assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == mine
+    finally:
+        judge.close()

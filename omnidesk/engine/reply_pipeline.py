@@ -8,8 +8,10 @@ while PREEMPTING).  Backpressure: the thinker runs at most ``thinker_lead``
 tokens ahead of the talker (unless the executor has no local talker: a server
 streams text and speech already made), and generation pauses while more than
 ``max_audio_ahead_s`` of audio waits to be played, so memory stays flat in
-long replies.  What only the executor knows about a turn (a remote executor's
-network times) comes from its ``turn_extras`` hook into the turn's ``extra``.
+long replies; a held (speculative) reply with its first chunk made also
+waits while the end-of-turn judge scores the pause.  What only the executor
+knows about a turn (a remote executor's network times) comes from its
+``turn_extras`` hook into the turn's ``extra``.
 
 Hand-offs.  The steps run on the engine's worker thread in bursts: one hand-off runs steps until
 one makes audio, makes no progress, ends the reply, or has run ``BURST_S``, and the loop then books
@@ -81,8 +83,8 @@ class Burst:
 
 class ReplyPipeline:
     """The reply side of :class:`~omnidesk.engine.engine.Engine` (a mixin: the engine owns the state it
-    reads, ``ex``, ``speaker``, ``config``, ``stats``, ``now``, ``playout_delay``, ``_reply``, ``_turn``,
-    and the calls it makes, ``_work``, ``_fail``, ``_set_state``, ``_collect_extras``, ``on_update``)."""
+    reads, ``ex``, ``speaker``, ``config``, ``stats``, ``now``, ``endpointer``, ``playout_delay``, ``_reply``,
+    ``_turn``, and the calls it makes, ``_work``, ``_fail``, ``_set_state``, ``_collect_extras``, ``on_update``)."""
 
     def _start_reply(self, held: bool, mark=None) -> None:
         # when the reply's work began (at the pause for a speculative one): its events are stamped
@@ -137,6 +139,14 @@ class ReplyPipeline:
     def _audio_ahead(self, reply: ReplyRun) -> float:
         pending = sum(c.size for c in reply.pending)
         return (pending + self.speaker.buffered_samples) / self.ex.sample_rate_out
+
+    def _awaiting_verdict(self, reply: ReplyRun) -> bool:
+        """A held reply with audio ready waits while the end-of-turn judge scores the pause: the
+        verdict decides whether it plays at all, and on a busy machine the two share a core (the
+        judge's thread gives way to the reply's, turn_judge.JUDGE_NICE, so the reply's first chunk
+        comes first and the score right after it)."""
+        judge = self.endpointer.judge
+        return reply.held and bool(reply.pending) and judge is not None and judge.pending
 
     def _pipeline_burst(self, reply: ReplyRun, text_ahead: int) -> Burst:
         """Steps in the worker until one makes audio or nothing, the reply is done or stopped, or
@@ -194,8 +204,8 @@ class ReplyPipeline:
             await self._work(self.ex.start_reply, self.config.voice, self.config.seed, at="thinker")
             self._collect_extras(turn)
             while True:
-                if self._audio_ahead(reply) > self.config.max_audio_ahead_s:
-                    self._progress.set()  # blocked on playback
+                if self._audio_ahead(reply) > self.config.max_audio_ahead_s or self._awaiting_verdict(reply):
+                    self._progress.set()  # blocked on playback, or on the end-of-turn judge
                     await asyncio.sleep(0.01)
                     self._drain_pending(reply)
                     continue

@@ -3,9 +3,10 @@
 The :class:`~omnidesk.engine.vad.Endpointer` asks at each pause whether the
 user has finished (see its module docstring for the policy).  The model is
 Smart Turn v3 (:mod:`omnidesk.engine.smart_turn`, optional: onnxruntime plus
-the model file from the pipecat-ai wheel).  It runs on one thread of its own:
-the audio callback only copies, the model's worker only steps the model, so a
-score (tens of milliseconds on a CPU) never delays either.  In a paced run
+the model file from the pipecat-ai wheel).  It runs on one thread of its own,
+at a lower CPU priority (:data:`JUDGE_NICE`): the audio callback only copies, the
+model's worker only steps the model, so a score (tens of milliseconds on a CPU)
+never delays either.  In a paced run
 that is not real time (``omnidesk talk --fast``) the judge scores inline
 instead (``blocking``), so the verdict lands at the same session time as it
 would live with an instant model, and a run is reproducible.
@@ -22,9 +23,18 @@ import time
 
 import numpy as np
 
+from .cpu_priority import lower_this_thread
+
 log = logging.getLogger("omnidesk.engine")
 
 END_OF_TURN_CHOICES = ("auto", "smart", "fixed")
+
+# The scoring thread runs at nice +5 (Linux, that thread only).  At a pause the score (~38 ms of
+# CPU on the CI-class machine) and the speculative reply's first chunk (~75 ms) are both what the
+# endpoint waits for; where they share a core (a busy machine) the reply goes first and then waits,
+# held, for the verdict (reply_pipeline.py), so both are done when they were side by side, and the
+# reply's first audio is not stretched by the score.  With a core free each has its own, as before.
+JUDGE_NICE = 5
 
 
 class SmartTurnJudge:
@@ -37,7 +47,8 @@ class SmartTurnJudge:
         self.window_s = model.window_samples / model.cfg.sampling_rate  # what the model looks at (8 s)
         self.blocking = blocking
         self._pool = None if blocking else concurrent.futures.ThreadPoolExecutor(
-            max_workers=1, thread_name_prefix="end-of-turn")
+            max_workers=1, thread_name_prefix="end-of-turn", initializer=lower_this_thread,
+            initargs=(JUDGE_NICE, "end-of-turn"))
         self._future: concurrent.futures.Future | None = None
         self._ready: tuple[float, float] | None = None
 

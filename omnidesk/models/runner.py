@@ -44,6 +44,8 @@ from typing import Any, Callable
 
 import torch
 
+from ..engine.cpu_priority import lower_this_thread
+
 log = logging.getLogger(__name__)
 
 MODES = ("eager", "compile", "graphs")
@@ -268,17 +270,6 @@ def _compile_yields_often():
 COMPILE_NICE = 10
 
 
-def _compile_at_low_priority() -> None:
-    """Lower this thread's CPU priority by :data:`COMPILE_NICE` (a no-op where threads have none)."""
-    if not sys.platform.startswith("linux"):
-        return
-    tid = threading.get_native_id()
-    try:  # raising one's own nice value needs no privilege; a sandbox may still refuse it
-        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + COMPILE_NICE))
-    except OSError as e:
-        log.info("the compile thread keeps its priority: %s", e)
-
-
 class DecodeRunner:
     """The hot steps of one loaded model and the mode they run in.
 
@@ -334,7 +325,7 @@ class DecodeRunner:
 
         def run():
             if background:
-                _compile_at_low_priority()
+                lower_this_thread(COMPILE_NICE, "compile")
             with _compile_yields_often():
                 for s in list(self.steps.values()):
                     if self._stop.is_set():
