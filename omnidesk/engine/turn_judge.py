@@ -30,7 +30,7 @@ log = logging.getLogger("omnidesk.engine")
 END_OF_TURN_CHOICES = ("auto", "smart", "fixed")
 
 # The scoring thread runs at nice +5 (Linux, that thread only).  At a pause the score (~38 ms of
-# CPU on the CI-class machine) and the speculative reply's first chunk (~75 ms) are both what the
+# CPU on the 2-core dev machine) and the demo's first reply chunk (78-87 ms) are both what the
 # endpoint waits for; where they share a core (a busy machine) the reply goes first and then waits,
 # held, for the verdict (reply_pipeline.py), so both are done when they were side by side, and the
 # reply's first audio is not stretched by the score.  With a core free each has its own, as before.
