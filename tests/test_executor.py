@@ -90,6 +90,41 @@ def test_turn_ending_just_past_a_block_equals_the_whole_utterance(stack, speech_
 
 
 @torch.inference_mode()
+def test_the_talker_reads_the_turn_while_the_user_speaks_and_replies_as_if_it_read_it_at_the_start(
+        stack, speech_like, monkeypatch):
+    """Block by block, as the thinker prefills them, the talker reads the turn's rows (a reply's start
+    then prefills only the turn's end): the reply is the one of a talker that read the whole turn at
+    the reply's start, and a discarded preemptive start leaves the talker's reading where it was."""
+    wave = speech_like(3.2, seed=12)
+    ex = _executor(stack)
+    ex.begin_user_turn()
+    ex.add_user_audio(wave[:40000].numpy())  # one 2-s block and a half
+    assert ex.talker_context == ex.thinker_cache_length > 0
+    assert ex.talker_cache.length == ex._talker_context_length(ex.talker_context) > 0
+    mark, read = ex.mark(), ex.talker_cache.length
+    ex.end_user_turn()
+    ex.start_reply()
+    for _ in range(4):
+        ex.thinker_step()
+        ex.talker_step()
+    ex.rollback(mark)  # the user went on talking
+    assert ex.talker_cache.length == read and ex.talker_context == mark.talker_context
+    ex.add_user_audio(wave[40000:].numpy())
+    prompt = ex.end_user_turn()
+    assert ex.talker_context < ex.prompt_end  # the turn's end is left to the reply's start
+    text, codes, audio = _run_reply(ex)
+
+    at_start = _executor(stack)
+    monkeypatch.setattr(at_start, "_talker_reads_turn", lambda: None)
+    assert _user_turn(at_start, wave, block=40000) == prompt and at_start.talker_context == 0
+    assert (text, codes) == _run_reply(at_start)[:2] and len(codes) > 0
+    # the same context in the talker's cache, read in other pieces (float sums in another order)
+    n = ex._talker_context_length(ex.prompt_end)
+    for k1, k2 in zip(ex.talker_cache.k, at_start.talker_cache.k):
+        torch.testing.assert_close(k1[..., :n, :], k2[..., :n, :], rtol=1e-5, atol=1e-5)
+
+
+@torch.inference_mode()
 def test_streamed_equals_unstreamed_for_same_seed(stack, speech_like):
     wave = speech_like(1.4, seed=6)
     runs = []

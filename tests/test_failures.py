@@ -115,7 +115,7 @@ CASES = [
     ("encoder", "encoder", 2, None),  # at the endpoint: the tail block, in the reply's first step
     ("thinker", "thinker", 1, None),  # the turn's header prefill, when the user starts speaking
     ("thinker", "thinker.forward_static", 5, None),  # the 5th reply token (a decode step)
-    ("talker", "talker", 1, None),  # the talker's prefill
+    ("talker", "talker", 1, None),  # the talker's prefill: it reads the turn's first block while the user speaks
     ("talker", "talker.forward_static", 10, None),  # mid-reply (a decode step)
     ("vocoder", "bigvgan", 1, None),  # the first audio chunk
     ("vocoder", "bigvgan", 2, None),  # the second chunk, while the first plays

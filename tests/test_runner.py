@@ -83,6 +83,30 @@ def test_a_graph_break_leaves_the_step_eager_and_says_why():
     assert step.stats.calls == {"eager": 1, "compile": 0, "graphs": 0}
 
 
+def test_a_step_whose_cpp_wrapper_does_not_build_compiles_with_the_python_wrapper(monkeypatch):
+    """The C++ wrapper is built as a Python extension (Python's headers, which a system Python may
+    lack): when it does not build, the step is compiled with inductor's Python wrapper, not left eager."""
+    import torch._inductor.compile_fx as inductor
+
+    real, tried = inductor.compile_fx, []
+
+    def no_python_headers(gm, example_inputs, config_patches=None, **kw):
+        if config_patches and "cpp_wrapper" in config_patches:  # the runner's call (inductor calls itself too)
+            tried.append(config_patches["cpp_wrapper"])
+            if config_patches["cpp_wrapper"]:
+                raise RuntimeError("fatal error: Python.h: No such file or directory")
+        return real(gm, example_inputs, config_patches=config_patches, **kw)
+
+    monkeypatch.setattr(inductor, "compile_fx", no_python_headers)
+    runner = DecodeRunner("compile", "cpu")
+    step = runner.step("scale", lambda x: x * 3 + 1, lambda: (torch.ones(4),))
+    runner.warm_up(background=False)
+    assert tried == [True, False] and step.ready and step.stats.error is None
+    assert not step.cpp_wrapper and step.stats.compiles == 1 and runner.recompiles == 0
+    assert torch.equal(step(torch.arange(4.0)), torch.arange(4.0) * 3 + 1)
+    assert step.stats.calls == {"eager": 0, "compile": 1, "graphs": 0}
+
+
 def test_while_steps_compile_the_interpreter_lock_changes_hands_often():
     """Compiling holds the interpreter lock in long stretches: the sound callbacks must get it every
     millisecond meanwhile, and the setting comes back when the last runner's compile ends."""

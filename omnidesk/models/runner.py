@@ -11,7 +11,8 @@ nothing in a step reads a tensor on the host, so one function serves every mode:
 * ``compile``: ``torch.compile(fullgraph=True)`` (a graph break is an error, not a slowdown).  Its
   shapes are static but for the dimensions a step marks dynamic itself (on the CPU, the attended
   length of a KV cache: :meth:`omnidesk.models.kv_cache.KVCache.span`; a vocoder window's length
-  and width, marked on the step's example inputs);
+  and width, marked on the step's example inputs).  Inductor writes the code around the kernels
+  in C++ (``cpp_wrapper``) unless a step asks for Python (:data:`CPP_WRAPPER`);
 * ``graphs`` (CUDA only): each step is captured as a CUDA graph per input signature (shapes, dtypes
   and the identity of its state objects) and replayed, after one eager call of that signature that
   warms it up; a signature not captured yet runs eagerly, as nano-vllm's and moshi's runners fall
@@ -54,6 +55,15 @@ SETTINGS = ("auto", "off", "on")
 # Families whose compiled CPU steps the bench (bench/decode_runner.py) shows paying off at the demo
 # sizes; "auto" compiles only these on the CPU.  See the README's performance section.
 CPU_COMPILE_PAYS: frozenset[str] = frozenset({"qwen2_5_omni", "qwen3_omni"})
+
+
+# Inductor's code around the kernels (allocations, views, size checks, the calls into matmul) in C++
+# rather than Python: at the demo's sizes a decode step is mostly that code.  Measured on the CPU demo
+# (one torch thread, the steps of a reply's first audio chunk, alternating runs, ms per chunk): thinker
+# 22.4-24.2 -> 19.2-20.7, talker 19.5-20.9 -> 15.7-17.2, the DiT's RK4 step 11.1-12.6 -> 8.1-9.3.
+# BigVGAN's activation (dynamic window lengths) was slower with it, 13.3-13.9 -> 14.7-15.7, and keeps
+# the Python wrapper.  A cold compile of the demo's steps took no longer (69 s, 99 s without).
+CPP_WRAPPER = True
 
 
 def inductor_cache_dir() -> Path:
@@ -151,8 +161,10 @@ class StepStats:
 class Step:
     """One registered hot step (see the module docstring); call it like the function it wraps."""
 
-    def __init__(self, runner: "DecodeRunner", name: str, fn: Callable, example: Callable[[], tuple] | None):
+    def __init__(self, runner: "DecodeRunner", name: str, fn: Callable, example: Callable[[], tuple] | None,
+                 cpp_wrapper: bool = CPP_WRAPPER):
         self.runner, self.name, self.fn, self.example = runner, name, fn, example
+        self.cpp_wrapper = cpp_wrapper
         self.stats = StepStats()
         self._compiled: Callable | None = None  # the torch.compile wrapper (compile mode)
         self._ready = False  # compiled code has run on example inputs: use it
@@ -166,7 +178,8 @@ class Step:
         self.stats.compiles += 1
         if self.stats.compiles > 1:
             log.warning("decode step %s recompiled (%d compiles)", self.name, self.stats.compiles)
-        return compile_fx(gm, example_inputs)
+        cpp = self.cpp_wrapper and self.runner.device.type == "cpu"
+        return compile_fx(gm, example_inputs, config_patches={"cpp_wrapper": cpp})
 
     def compiled(self) -> Callable:
         if self._compiled is None:
@@ -187,7 +200,16 @@ class Step:
             self.stats.warmup_s = time.perf_counter() - t0
             self._ready = True
         except Exception as e:  # noqa: BLE001 - the step stays eager, and says why
-            self.stats.error = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+            why = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+            if self.cpp_wrapper and isinstance(e, torch._dynamo.exc.BackendCompilerFailed) \
+                    and not self.runner._stop.is_set():
+                # the C++ wrapper is built as a Python extension: it needs Python's headers, which a
+                # system Python may lack; the Python wrapper does not
+                log.info("decode step %s: compiling with inductor's Python wrapper, the C++ one failed: %s",
+                         self.name, why)
+                self.cpp_wrapper, self._compiled, self.stats.compiles = False, None, 0
+                return self.warm_up()
+            self.stats.error = why
             if self.runner._stop.is_set():  # the process is ending: its compile was cut short, nothing failed
                 log.debug("decode step %s: compile cut short by the exit: %s", self.name, self.stats.error)
                 return
@@ -302,13 +324,15 @@ class DecodeRunner:
                 if hasattr(dynamo_config, name):
                     setattr(dynamo_config, name, max(getattr(dynamo_config, name), at_least))
 
-    def step(self, name: str, fn: Callable, example: Callable[[], tuple] | None = None) -> Step:
+    def step(self, name: str, fn: Callable, example: Callable[[], tuple] | None = None,
+             cpp_wrapper: bool = CPP_WRAPPER) -> Step:
         """Register a hot step.  ``example`` builds scratch inputs of the shapes the step will see
         (its state objects too: compiling runs the step on them); without it the step stays eager
-        in compile mode."""
+        in compile mode.  ``cpp_wrapper``: inductor's code around the kernels in C++ (see
+        :data:`CPP_WRAPPER`)."""
         if name in self.steps:
             raise ValueError(f"decode step {name!r} is registered twice")
-        s = self.steps[name] = Step(self, name, fn, example)
+        s = self.steps[name] = Step(self, name, fn, example, cpp_wrapper)
         return s
 
     # ---------------------------------------------------------------- warm-up
@@ -391,5 +415,5 @@ class DecodeRunner:
         return sum(s.stats.recompiles for s in self.steps.values())
 
 
-__all__ = ["CPU_COMPILE_PAYS", "DecodeRunner", "MODES", "SETTINGS", "Step", "StepStats", "inductor_cache_dir",
-           "resolve_mode"]
+__all__ = ["CPP_WRAPPER", "CPU_COMPILE_PAYS", "DecodeRunner", "MODES", "SETTINGS", "Step", "StepStats",
+           "inductor_cache_dir", "resolve_mode"]

@@ -189,6 +189,11 @@ class ThinkerTalkerExecutor(ThinkerConversation, Executor):
         sampler.mark(nxt)
         return hidden[-1], row[-1], guard_finite(logits, nxt)
 
+    def _talker_prefill(self, rows: torch.Tensor) -> None:
+        """Append context rows [N, talker_width] to the talker's cache (its forward over them; what it
+        says about them is not needed)."""
+        self.talker(rows, self.talker_cache)
+
     def _unread_context(self) -> torch.Tensor:
         """The talker rows of prompt positions ``[talker_context, prompt_end)`` it reads, i.e. what
         the talker has not read yet; cuts the talker cache back to its context first.  The family

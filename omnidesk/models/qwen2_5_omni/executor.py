@@ -116,7 +116,7 @@ class QwenOmniExecutor(ThinkerTalkerExecutor):
         if self.runner.mode == "compile" and self.device.type == "cpu":
             self._flow_step = self.runner.step("vocoder_flow", self.vocoder.dit.solve_step, self._flow_example)
             self._activation_step = self.runner.step("vocoder_activation", self.vocoder.bigvgan.snake_resample(),
-                                                     _activation_example)
+                                                     _activation_example, cpp_wrapper=False)  # slower in C++ (runner)
 
     def _talker_decode(self, cache, sampler: Sampler, code: torch.Tensor, reply_row: torch.Tensor,
                        input_pos: torch.Tensor) -> torch.Tensor:
