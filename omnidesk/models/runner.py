@@ -59,10 +59,11 @@ CPU_COMPILE_PAYS: frozenset[str] = frozenset({"qwen2_5_omni", "qwen3_omni"})
 
 # Inductor's code around the kernels (allocations, views, size checks, the calls into matmul) in C++
 # rather than Python: at the demo's sizes a decode step is mostly that code.  Measured on the CPU demo
-# (one torch thread, the steps of a reply's first audio chunk, alternating runs, ms per chunk): thinker
-# 22.4-24.2 -> 19.2-20.7, talker 19.5-20.9 -> 15.7-17.2, the DiT's RK4 step 11.1-12.6 -> 8.1-9.3.
-# BigVGAN's activation (dynamic window lengths) was slower with it, 13.3-13.9 -> 14.7-15.7, and keeps
-# the Python wrapper.  A cold compile of the demo's steps took no longer (69 s, 99 s without).
+# (one torch thread, a reply's first audio chunk, three alternating runs, ms in the compiled steps per
+# chunk): thinker 19.7-22.2 -> 18.7-19.6, talker 17.2-19.3 -> 15.6-15.8, the DiT's RK4 step 9.7-10.9
+# -> 8.1-8.6; the whole chunk 88-100 -> 87-90.  BigVGAN's activation (window lengths marked dynamic)
+# was slower with it (13.3-13.9 -> 14.7-15.7, another core busy) and keeps the Python wrapper.  A cold
+# compile of the demo's steps took no longer (69 s; 99 s without), a warm start as long (~11.5 s).
 CPP_WRAPPER = True
 
 
