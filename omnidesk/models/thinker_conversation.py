@@ -237,21 +237,20 @@ class ThinkerConversation:
     def _talker_reads_turn(self) -> None:
         """The talker reads the context rows the thinker holds beyond what it has read, while the user
         speaks: block by block, as the thinker prefills them, so a reply's start prefills only the rows
-        of the turn's end.  On the CPU demo (a 3 s turn) the talker's prefill at a reply's start went from
-        6.2-6.8 ms to 2.8-2.9, all of it on the way to the first audio.  The talker
-        reads the same rows in the same pieces however the audio arrives (whole blocks), so a streamed
-        turn and a one-shot one (run_turn) stay identical.  Not while a reply holds the talker's
-        cache (its speech rows follow the context)."""
+        of the turn's end.  On the CPU demo (a 3 s turn) the talker's prefill at a reply's start went
+        from 6.2-6.8 ms to 2.8-2.9, all of it on the way to the first audio.  The talker reads the same
+        rows in the same pieces however the audio arrives (whole blocks), so a streamed turn and a
+        one-shot one (run_turn) stay identical.  Not while a reply holds the talker's cache (its speech
+        rows follow the context)."""
         if self._reply is not None:
             return
-        lo, hi = self.talker_context, self.thinker_cache.length
-        self.talker_cache.truncate(self._talker_context_length(lo))
-        rows = self.context_rows[lo:hi][self.context_used[lo:hi]]
+        end = self.thinker_cache.length
+        rows = self._unread_context(end)
         if rows.shape[0]:
             with stage("talker"):
                 self.talker_cache.reserve(rows.shape[0])
                 self._talker_prefill(rows)
-        self.talker_context = hi
+        self.talker_context = end
 
     def end_user_turn(self) -> list[int]:
         if not self._turn_open:

@@ -194,12 +194,12 @@ class ThinkerTalkerExecutor(ThinkerConversation, Executor):
         says about them is not needed)."""
         self.talker(rows, self.talker_cache)
 
-    def _unread_context(self) -> torch.Tensor:
-        """The talker rows of prompt positions ``[talker_context, prompt_end)`` it reads, i.e. what
-        the talker has not read yet; cuts the talker cache back to its context first.  The family
-        prefills them and sets ``talker_context = prompt_end``."""
+    def _unread_context(self, end: int | None = None) -> torch.Tensor:
+        """The talker rows of thinker positions ``[talker_context, end)`` (default ``prompt_end``) it
+        reads, i.e. what the talker has not read yet; cuts the talker cache back to its context first.
+        The caller prefills them and sets ``talker_context = end``."""
         self.talker_cache.truncate(self._talker_context_length(self.talker_context))
-        lo, hi = self.talker_context, self.prompt_end
+        lo, hi = self.talker_context, self.prompt_end if end is None else end
         return self.context_rows[lo:hi][self.context_used[lo:hi]]
 
     # ------------------------------------------------------------------ the reply
