@@ -326,6 +326,9 @@ class _AlwaysJudge:
     def discard(self):
         self._ready = None
 
+    def score_after(self, event):
+        self.after = event
+
 
 def test_a_complete_verdict_plays_the_preemptive_reply_sooner_and_the_timeline_says_why(stack, speech_like):
     wave = _wave(speech_like, 1.2, 5)
@@ -369,10 +372,14 @@ class _ScoringJudge(_AlwaysJudge):
     def submit(self, audio):
         self.seen.append(audio.size)
         self.left = self.polls
+        self.waited_for_first_chunk = False
 
     def poll(self):
         if self.left > 0:
             turn = self.timeline.turns[-1]
+            # the reply's event is set exactly when its first chunk exists
+            assert self.after.is_set() == (turn.events.get("first_audio_chunk") is not None)
+            self.waited_for_first_chunk |= self.after.is_set()
             self.while_scoring.append((turn.events.get("first_audio_chunk") is not None, len(turn.codec_token_ids)))
             self.left -= 1
             if self.left == 0:
@@ -395,6 +402,8 @@ def test_a_held_reply_waits_after_its_first_chunk_while_the_judge_scores(stack, 
                                judge=judge, endpointer_config=look))
         turns[name] = (timeline.turns[0], judge)
     slow, judge = turns["slow"]
+    # the reply handed the judge what to wait for, and it said so once its first chunk was made
+    assert judge.after.is_set() and judge.waited_for_first_chunk
     with_audio = [codes for has_audio, codes in judge.while_scoring if has_audio]
     # the 600 ms score outlasts the first chunk (made in a few frames of the session clock), and
     # meanwhile the reply stays at the codes that chunk needed

@@ -288,3 +288,109 @@ def test_the_judge_scores_on_a_thread_of_lower_priority_and_hands_out_each_verdi
         assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == mine
     finally:
         judge.close()
+
+
+def test_without_a_spare_core_a_score_waits_for_the_held_replys_first_chunk(monkeypatch):
+    """Where the rest of the machine leaves less than SIDE_BY_SIDE_CORES a score submitted while a
+    held reply makes its first chunk starts only once that chunk is made (or SCORE_WAIT_MAX_S has
+    passed); with cores to spare, where they cannot be read, or once the chunk exists, at once.
+    The reply's side is an Event (ReplyRun.past_first_chunk)."""
+    import threading
+    import time
+
+    from omnidesk.engine import turn_judge
+    from omnidesk.engine.turn_judge import SIDE_BY_SIDE_CORES, SmartTurnJudge
+
+    class Model:
+        window_samples = 128000
+        cfg = type("Cfg", (), {"sampling_rate": 16000})()
+
+        def __init__(self):
+            self.started = threading.Event()
+
+        def score(self, audio):
+            self.started.set()
+            return 0.9
+
+    class Cores:  # a CoreMeter reading
+        def __init__(self, spare):
+            self.value = spare
+
+        def spare(self):
+            return self.value
+
+    def verdict(judge):
+        deadline = time.monotonic() + 30
+        while (ready := judge.poll()) is None:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        return ready
+
+    monkeypatch.setattr(turn_judge, "SCORE_WAIT_MAX_S", 60.0)
+    for spare, waits in ((SIDE_BY_SIDE_CORES - 0.6, True), (SIDE_BY_SIDE_CORES + 0.4, False), (None, False)):
+        model = Model()
+        judge = SmartTurnJudge(model, cores=Cores(spare))
+        try:
+            first_chunk = threading.Event()
+            judge.score_after(first_chunk)
+            judge.submit(np.zeros(1600, np.float32))
+            if waits:
+                assert not model.started.wait(0.3) and judge.pending and judge.poll() is None
+                first_chunk.set()
+            assert verdict(judge)[0] == 0.9 and model.started.is_set()
+            # the chunk is made (or was never waited for): the next score of the pause starts at once
+            first_chunk.set()
+            model.started.clear()
+            judge.submit(np.zeros(1600, np.float32))
+            assert verdict(judge)[0] == 0.9 and model.started.is_set()
+        finally:
+            judge.close()
+    # a first chunk that does not come holds a score SCORE_WAIT_MAX_S at most
+    monkeypatch.setattr(turn_judge, "SCORE_WAIT_MAX_S", 0.05)
+    model = Model()
+    judge = SmartTurnJudge(model, cores=Cores(0.0))
+    try:
+        judge.score_after(threading.Event())
+        judge.submit(np.zeros(1600, np.float32))
+        assert verdict(judge)[0] == 0.9
+    finally:
+        judge.close()
+
+
+def test_the_core_meter_counts_other_processes_on_this_process_cores_only(tmp_path):
+    """CoreMeter reads /proc/stat's per-core lines (cores outside this process's affinity and the
+    all-cores line are skipped) and takes this process's own CPU time off what they show."""
+    import os
+
+    from omnidesk.engine.cpu_priority import CoreMeter
+
+    tick = os.sysconf("SC_CLK_TCK")
+    stat = tmp_path / "stat"
+    clock, own = [100.0], [5.0]
+
+    def write(busy_per_core, idle_per_core, foreign_busy):
+        # user nice system idle iowait irq softirq steal guest guest_nice, in clock ticks
+        lines = [f"cpu  {9 * tick} 0 0 0 0 0 0 0 0 0"]
+        for c in range(os.cpu_count() or 1):
+            busy = foreign_busy if c not in meter_cpus else busy_per_core
+            lines.append(f"cpu{c} {busy // 2} 0 {busy - busy // 2} {idle_per_core} 3 0 0 0 0 0")
+        lines += ["intr 123 4 5", "ctxt 42", "procs_running 3"]
+        stat.write_text("\n".join(lines) + "\n")
+
+    meter_cpus = frozenset(os.sched_getaffinity(0))
+    write(0, 0, 0)
+    meter = CoreMeter(window_s=1.0, stat_path=str(stat), clock=lambda: clock[0], own_cpu=lambda: own[0])
+    assert meter.cpus == meter_cpus and meter.spare() is None  # no window yet
+    # 2 s later: our cores were busy 1.5 s each; this process used 1 s of that in all
+    clock[0] += 2.0
+    own[0] += 1.0
+    write(int(1.5 * tick), 0, 10**6)
+    n = len(meter_cpus)
+    others = (1.5 * n - 1.0) / 2.0
+    assert meter.spare() == pytest.approx(max(0.0, n - others))
+    # a look within the window keeps the last reading
+    clock[0] += 0.5
+    write(int(3.0 * tick), 0, 10**6)
+    assert meter.spare() == pytest.approx(max(0.0, n - others))
+    # where /proc/stat cannot be read there is no answer
+    assert CoreMeter(stat_path=str(tmp_path / "missing")).spare() is None

@@ -69,6 +69,7 @@ class Engine(ReplyPipeline):
         self._loop = asyncio.get_running_loop()
         self._turn: TurnTimeline | None = None
         self._reply: ReplyRun | None = None
+        self._first_chunk: threading.Event | None = None  # see ReplyPipeline._expect_speculative_reply
         self._fed = 0  # utterance samples handed to the executor
         self._progress = asyncio.Event()  # set whenever the pipeline blocks or finishes
         self._onset: float | None = None
@@ -175,9 +176,12 @@ class Engine(ReplyPipeline):
                 mark = await self._work(self.ex.mark, at="thinker")
                 self._start_reply(held=True, mark=mark)
                 self._set_state(TurnState.PREEMPTING)
+            else:  # no speculative reply this pause: its scores have nothing to wait for
+                self._speculative_first_chunk().set()
         elif isinstance(ev, Resume):
             if self.state == TurnState.PREEMPTING:
                 await self._discard_preemptive()
+            self._expect_speculative_reply()
         elif isinstance(ev, TurnScore):
             scores = self._end_of_turn()["scores"]
             scores.append({"t": round(ev.t, 4), "silence_ms": round(ev.silence_ms, 1),
@@ -222,6 +226,7 @@ class Engine(ReplyPipeline):
         self._turn = self.timeline.new_turn()
         self._turn.user_speech_start = t_start
         self._fed = 0
+        self._expect_speculative_reply()
         await self._work(self.ex.begin_user_turn, at="thinker")
         self._set_state(TurnState.USER_SPEAKING)
         self.on_update("turn", self._turn)

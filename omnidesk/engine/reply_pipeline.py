@@ -9,7 +9,8 @@ tokens ahead of the talker (unless the executor has no local talker: a server
 streams text and speech already made), and generation pauses while more than
 ``max_audio_ahead_s`` of audio waits to be played, so memory stays flat in
 long replies; a held (speculative) reply with its first chunk made also
-waits while the end-of-turn judge scores the pause.  What only the executor
+waits while the end-of-turn judge scores the pause (and on a machine with no
+core to spare, the score waits for that first chunk).  What only the executor
 knows about a turn (a remote executor's network times) comes from its
 ``turn_extras`` hook into the turn's ``extra``.
 
@@ -60,10 +61,14 @@ class ReplyRun:
     startup_measured: bool = False
     warming_up: bool = False  # the executor's hot steps were still compiling when the reply started
     stop: threading.Event = field(default_factory=threading.Event)  # read by the worker between steps
+    # set once the first audio chunk is made or the reply has stopped: what an end-of-turn score
+    # may wait for (turn_judge.SmartTurnJudge.score_after)
+    past_first_chunk: threading.Event = field(default_factory=threading.Event)
 
     def cancel(self) -> None:
         """Stop the reply: its burst of steps ends after the current one, its task is cancelled."""
         self.stop.set()
+        self.past_first_chunk.set()
         if self.task is not None:
             self.task.cancel()
 
@@ -84,17 +89,35 @@ class Burst:
 class ReplyPipeline:
     """The reply side of :class:`~omnidesk.engine.engine.Engine` (a mixin: the engine owns the state it
     reads, ``ex``, ``speaker``, ``config``, ``stats``, ``now``, ``endpointer``, ``playout_delay``, ``_reply``,
-    ``_turn``, and the calls it makes, ``_work``, ``_fail``, ``_set_state``, ``_collect_extras``, ``on_update``)."""
+    ``_first_chunk``, ``_turn``, and the calls it makes, ``_work``, ``_fail``, ``_set_state``, ``_collect_extras``, ``on_update``)."""
 
     def _start_reply(self, held: bool, mark=None) -> None:
         # when the reply's work began (at the pause for a speculative one): its events are stamped
         # on the same clock, so first audio - reply_started is the pipeline's own latency
         self._turn.extra["reply_started"] = self._clock_now()
         reply = ReplyRun(turn=self._turn, held=held, mark=mark, warming_up=self.ex.warming_up)
+        if held:  # the pause's end-of-turn scores were told to wait for this reply's first chunk
+            reply.past_first_chunk = self._speculative_first_chunk()
         if reply.warming_up:
             self._turn.extra["decode_steps_warming_up"] = True
         self._reply = reply
         reply.task = self._loop.create_task(self._run_reply(reply))
+
+    def _expect_speculative_reply(self) -> None:
+        """The user speaks: at the next pause a speculative reply starts, and the end-of-turn judge's
+        scores of that pause may wait for its first chunk (turn_judge.SIDE_BY_SIDE_CORES).  Told
+        now, not when the reply starts: the endpointer may score a pause in the very frame that
+        announces it, before the engine has seen the Pause."""
+        self._first_chunk = threading.Event()
+        judge = self.endpointer.judge
+        if judge is not None:
+            judge.score_after(self._first_chunk if self.config.preemptive else None)
+
+    def _speculative_first_chunk(self) -> threading.Event:
+        """The event the current pause's scores wait for (set once no reply will make it)."""
+        if self._first_chunk is None:
+            self._first_chunk = threading.Event()
+        return self._first_chunk
 
     def _release_playback(self) -> None:
         reply = self._reply
@@ -142,9 +165,9 @@ class ReplyPipeline:
 
     def _awaiting_verdict(self, reply: ReplyRun) -> bool:
         """A held reply with audio ready waits while the end-of-turn judge scores the pause: the
-        verdict decides whether it plays at all, and on a busy machine the two share a core (the
-        judge's thread gives way to the reply's, turn_judge.JUDGE_NICE, so the reply's first chunk
-        comes first and the score right after it)."""
+        verdict decides whether it plays at all, and on a busy machine the two share a core (there
+        the score waits for the reply's first chunk, ``past_first_chunk``, and comes right after it;
+        see turn_judge.SIDE_BY_SIDE_CORES)."""
         judge = self.endpointer.judge
         return reply.held and bool(reply.pending) and judge is not None and judge.pending
 
@@ -218,6 +241,8 @@ class ReplyPipeline:
                 if burst.codec_tokens:
                     turn.codec_token_ids.extend(burst.codec_tokens)
                     self._mark_first(turn, "first_codec_token", burst.first_codec_t)
+                if burst.audio:
+                    reply.past_first_chunk.set()
                 for chunk in burst.audio:
                     self._mark_first(turn, "first_audio_chunk")
                     reply.pending.append(chunk)
@@ -253,6 +278,7 @@ class ReplyPipeline:
             if self._reply is reply:  # else the reply was already stopped (interrupt, another failure)
                 await self._fail(e, reply)
         finally:
+            reply.past_first_chunk.set()
             self._progress.set()
 
     def _heard(self, reply: ReplyRun) -> int:

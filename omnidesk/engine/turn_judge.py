@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import concurrent.futures
 import logging
+import threading
 import time
 
 import numpy as np
 
-from .cpu_priority import lower_this_thread
+from .cpu_priority import CoreMeter, lower_this_thread
 
 log = logging.getLogger("omnidesk.engine")
 
@@ -31,10 +32,19 @@ END_OF_TURN_CHOICES = ("auto", "smart", "fixed")
 
 # The scoring thread runs at nice +5 (Linux, that thread only).  At a pause the score (~38 ms of
 # CPU on the 2-core dev machine) and the demo's first reply chunk (78-87 ms) are both what the
-# endpoint waits for; where they share a core (a busy machine) the reply goes first and then waits,
-# held, for the verdict (reply_pipeline.py), so both are done when they were side by side, and the
-# reply's first audio is not stretched by the score.  With a core free each has its own, as before.
+# endpoint waits for.  A priority only orders what shares a core, and nice +5 or +10 still let the
+# score stretch the first chunk on a busy machine (reply_pipeline.py holds the reply after its
+# first chunk until the verdict, but a score that began earlier already took its share).  So where
+# the rest of the machine leaves less than SIDE_BY_SIDE_CORES (cpu_priority.CoreMeter) the score
+# waits for the held reply's first chunk (ReplyRun.past_first_chunk, at most SCORE_WAIT_MAX_S) and
+# the two run one after the other; with a core for each they run side by side, as before.
+# Measured with bench/live_latency.py (auto, 8 questions, two alternating pairs per condition):
+# one core busy, always waiting: first audio after the reply's start 159 / 136 vs 181 / 191 ms,
+# voice-to-voice 444 / 467 vs 466 / 503; idle, always waiting: voice-to-voice 564 / 521 vs
+# 484 / 434 (the endpoint then waits for chunk + score instead of the longer of the two).
 JUDGE_NICE = 5
+SIDE_BY_SIDE_CORES = 1.5  # spare cores from which the score runs beside the reply's first chunk
+SCORE_WAIT_MAX_S = 0.5  # the longest a score waits for a first chunk (a reply may be slow to start)
 
 
 class SmartTurnJudge:
@@ -42,7 +52,7 @@ class SmartTurnJudge:
 
     name = "smart-turn-v3"
 
-    def __init__(self, model, blocking: bool = False):
+    def __init__(self, model, blocking: bool = False, cores: CoreMeter | None = None):
         self.model = model
         self.window_s = model.window_samples / model.cfg.sampling_rate  # what the model looks at (8 s)
         self.blocking = blocking
@@ -51,8 +61,12 @@ class SmartTurnJudge:
             initargs=(JUDGE_NICE, "end-of-turn"))
         self._future: concurrent.futures.Future | None = None
         self._ready: tuple[float, float] | None = None
+        self.cores = cores or CoreMeter()
+        self._after: threading.Event | None = None  # see score_after
 
-    def _score(self, audio: np.ndarray) -> tuple[float, float]:
+    def _score(self, audio: np.ndarray, after: threading.Event | None = None) -> tuple[float, float]:
+        if after is not None:
+            after.wait(SCORE_WAIT_MAX_S)
         t0 = time.thread_time()  # CPU time of this thread: what the score costs, not how long it waited
         p = float(self.model.score(audio))
         return p, (time.thread_time() - t0) * 1000.0
@@ -63,12 +77,22 @@ class SmartTurnJudge:
         # still holds the silence rule (Endpointer) for the frame that takes it
         return self._future is not None or self._ready is not None
 
+    def score_after(self, event: threading.Event | None) -> None:
+        """Scores submitted from now on wait for ``event`` (a held reply's first chunk) where the
+        machine has no core to spare for them beside it (see SIDE_BY_SIDE_CORES); None: never."""
+        self._after = event
+
     def submit(self, audio: np.ndarray) -> None:
         self._ready = None
-        if self.blocking:
+        if self.blocking:  # inline: the verdict lands when an instant model's would (no waiting)
             self._ready = self._score(audio)
-        else:
-            self._future = self._pool.submit(self._score, audio)
+            return
+        after = self._after
+        if after is not None and not after.is_set():
+            spare = self.cores.spare()
+            if spare is None or spare >= SIDE_BY_SIDE_CORES:
+                after = None
+        self._future = self._pool.submit(self._score, audio, after)
 
     def poll(self) -> tuple[float, float] | None:
         if self._future is not None and self._future.done():

@@ -188,6 +188,11 @@ class TurnJudge(Protocol):
 
     def poll(self) -> tuple[float, float] | None: ...
 
+    def score_after(self, event) -> None:
+        """The engine's hint: a speculative reply is making its first chunk and sets the
+        ``threading.Event`` once it is made (or the reply stopped); a judge may hold its scores
+        until then (SmartTurnJudge does where no core is spare for both)."""
+
     def discard(self) -> None: ...
 
 
