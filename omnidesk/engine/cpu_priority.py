@@ -68,8 +68,10 @@ class CoreMeter:
         busy = 0
         for line in lines:
             name, _, rest = line.partition(" ")
-            if not (name.startswith("cpu") and name[3:].isdigit() and int(name[3:]) in self.cpus):
-                continue  # the all-cores line, other cores, and the lines that are not per core
+            if not name.startswith("cpu"):
+                break  # the per-core lines come first; the rest (interrupts, counts) is not read
+            if not (name[3:].isdigit() and int(name[3:]) in self.cpus):
+                continue  # the all-cores line, and cores this process may not use
             # user nice system idle iowait irq softirq steal (guest time is inside user)
             f = [int(v) for v in rest.split()[:8]]
             busy += f[0] + f[1] + f[2] + f[5] + f[6] + (f[7] if len(f) > 7 else 0)

@@ -95,9 +95,9 @@ class ReplyPipeline:
         # when the reply's work began (at the pause for a speculative one): its events are stamped
         # on the same clock, so first audio - reply_started is the pipeline's own latency
         self._turn.extra["reply_started"] = self._clock_now()
-        reply = ReplyRun(turn=self._turn, held=held, mark=mark, warming_up=self.ex.warming_up)
-        if held:  # the pause's end-of-turn scores were told to wait for this reply's first chunk
-            reply.past_first_chunk = self._speculative_first_chunk()
+        # a held reply's first chunk is what the pause's end-of-turn scores were told to wait for
+        reply = ReplyRun(turn=self._turn, held=held, mark=mark, warming_up=self.ex.warming_up,
+                         past_first_chunk=self._speculative_first_chunk() if held else threading.Event())
         if reply.warming_up:
             self._turn.extra["decode_steps_warming_up"] = True
         self._reply = reply
