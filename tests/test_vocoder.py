@@ -1,5 +1,7 @@
 """token2wav: offline vs transformers, streaming vs offline, flush / reset / empty / cut short."""
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -126,8 +128,9 @@ def test_plan_must_follow_dit_blocks(loaded):
 
 @torch.inference_mode()
 def test_first_chunk_needs_24_codes_then_the_chunks_grow(loaded):
-    """Default plan: a 48-frame first chunk without DiT look-ahead = 24 codes; then 48-frame and
-    72-frame chunks, each with 24 frames of look-ahead."""
+    """Default plan: a 48-frame first chunk without DiT look-ahead = 24 codes, its audio out in two
+    pieces (the first 12 frames at once, the rest at the next code); then 48-frame and 72-frame
+    chunks, each with 24 frames of look-ahead."""
     stack, _ = loaded
     stream = stack.vocoder.stream(_voice(stack))
     ready_at = []
@@ -135,7 +138,7 @@ def test_first_chunk_needs_24_codes_then_the_chunks_grow(loaded):
         if stream.push([code]):
             ready_at.append((i, stream.samples_emitted // 240))
     # (codes pushed, mel frames of audio out): BigVGAN holds back 12 frames of look-ahead each time
-    assert ready_at[:4] == [(24, 36), (60, 84), (96, 156), (132, 228)]
+    assert ready_at[:5] == [(24, 12), (25, 36), (60, 84), (96, 156), (132, 228)]
 
 
 @torch.inference_mode()
@@ -154,14 +157,22 @@ def test_first_chunk_is_close_to_offline_and_the_rest_as_before(loaded):
     def snr(a, b):
         return 10 * torch.log10(b.pow(2).sum() / (a - b).pow(2).sum()).item()
 
-    old = StreamingPlan(first_chunk_frames=48, first_future_frames=None, first_flow_steps=None, ramp_frames=())
+    old = StreamingPlan(first_chunk_frames=48, first_future_frames=None, first_flow_steps=None, ramp_frames=(),
+                        first_audio_frames=None)
     new_chunks, _, _ = _stream_all(stack, codes, voice, seed=3, step=1)
     old_chunks, _, _ = _stream_all(stack, codes, voice, plan=old, seed=3, step=1)
-    new, previous = torch.cat(new_chunks), torch.cat(old_chunks)
-    n0 = new_chunks[0].numel()
+    whole_chunks, _, _ = _stream_all(stack, codes, voice, plan=replace(StreamingPlan(), first_audio_frames=None),
+                                     seed=3, step=1)
+    new, previous, whole = torch.cat(new_chunks), torch.cat(old_chunks), torch.cat(whole_chunks)
+    piece = new_chunks[0].numel()
+    n0 = piece + new_chunks[1].numel()  # the first chunk's audio, in two pieces
     first, rest = snr(new[:n0], offline[:n0]), snr(new[n0:], offline[n0:])
-    print(f"first chunk {n0} samples: {first:.1f} dB SNR vs offline; after it {rest:.1f} dB "
-          f"(previous plan after its first chunk: {snr(previous[n0:], offline[n0:]):.1f} dB)")
-    assert n0 == 36 * 240
-    assert first > 60 and rest > 80
+    print(f"first chunk {n0} samples: {first:.1f} dB SNR vs offline (its first {piece}: "
+          f"{snr(new[:piece], offline[:piece]):.1f} dB, rendered whole: {snr(whole[:piece], offline[:piece]):.1f} dB); "
+          f"after it {rest:.1f} dB (previous plan after its first chunk: {snr(previous[n0:], offline[n0:]):.1f} dB)")
+    assert piece == 12 * 240 and n0 == 36 * 240 and whole_chunks[0].numel() == n0
+    assert first > 60 and snr(new[:piece], offline[:piece]) > 60 and rest > 80
     assert snr(new[n0:], previous[n0:]) > 80
+    # The split changes the first piece only (its BigVGAN window ends 12 frames after it): from
+    # there on the samples are those of the first chunk rendered whole, bit for bit.
+    assert torch.equal(new[piece:], whole[piece:])
