@@ -16,7 +16,7 @@ What is Qwen2.5-Omni's own:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -170,19 +170,8 @@ class QwenOmniExecutor(ThinkerTalkerExecutor):
         r.voice, r.codec_sampler = name, codec_sampler
         r.bos_embed = self.thinker.embed_tokens.weight[self.stack.voices[name].bos_token]
         with stage("vocoder"):
-            r.stream = self.vocoder.stream(vcond, seed=seed, plan=self._reply_plan(), flow=self._flow_step,
+            r.stream = self.vocoder.stream(vcond, seed=seed, plan=self.plan, flow=self._flow_step,
                                            activation=self._activation_step)
-
-    def _reply_plan(self) -> StreamingPlan:
-        """The vocoder's plan for a reply: the first chunk in two pieces (``first_audio_frames``) only
-        once the vocoder's steps run compiled.  Eager (a warm start's first seconds, compile off, or a
-        device where they are not compiled) the chunk's rest, due 120 ms after the first audio, came
-        late: in bench/live_latency.py the first reply after a start, made while the steps compiled,
-        ran dry for 310-460 ms of its first 2 s under load, against 0-30 with the chunk whole."""
-        steps = (self._flow_step, self._activation_step)
-        if all(step is not None and step.ready for step in steps):
-            return self.plan
-        return replace(self.plan, first_audio_frames=None)
 
     def _start_talker(self) -> None:
         """Prefill the talker: context rows added since the last reply, then voice bos + first reply row."""

@@ -64,8 +64,7 @@ class StreamingPlan:
       first chunk's BigVGAN time (CPU demo, compiled, one core: 57 instead of 70 ms after the
       reply's start); the two windows cost BigVGAN 24 more frames once, inside the 120 ms the
       first piece plays.  A 6-frame piece saved ~2 ms more (BigVGAN's fixed cost per call) and ran
-      dry on half a core.  The executor splits only where the vocoder runs compiled
-      (``QwenOmniExecutor._reply_plan``): eager, the rest came too late.
+      dry on half a core.
 
     What this costs: the first 360 ms of audio (the first chunk minus BigVGAN's look-ahead)
     come from a coarser ODE grid and see no DiT look-ahead, and its first 120 ms see 12 frames of
