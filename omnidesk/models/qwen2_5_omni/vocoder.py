@@ -201,9 +201,11 @@ class Token2Wav(nn.Module):
 class VocoderStream:
     """Codec tokens in, waveform chunks out, for one reply.
 
-    ``push(codes)`` returns the chunks that became ready; ``flush()`` when the
-    talker stopped (or the reply was cut short) returns the rest; ``reset()``
-    starts a new reply.  Chunks are 1-D float32 tensors at 24 kHz.
+    ``push(codes)`` returns the chunks that became ready (the first chunk's first piece
+    alone: whatever else its codes complete comes at the next push, see
+    ``StreamingPlan.first_audio_frames``); ``flush()`` when the talker stopped (or the
+    reply was cut short) returns the rest; ``reset()`` starts a new reply.  Chunks are
+    1-D float32 tensors at 24 kHz.
     """
 
     def __init__(self, t2w: Token2Wav, voice: VoiceCondition, seed: int, plan: StreamingPlan, flow=None,
